@@ -1,0 +1,58 @@
+# HAPI: the two commands are `make demo` and `make test`; both install everything first.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.hapi-installed
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: install system-deps demo test lint bench stack-up stack-down clean
+
+install: $(STAMP) system-deps
+
+# On a GPU machine that already has torch >= 2.11 the venv reuses it (--system-site-packages);
+# elsewhere it gets the pinned pair, which pip installs from local files on this kind of machine.
+$(STAMP): pyproject.toml
+	@if $(PYTHON) -c 'import sys, torch; v = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]); sys.exit(0 if v >= (2, 11) and torch.cuda.is_available() else 1)' 2>/dev/null; then \
+		echo "== using the system torch (GPU machine)"; \
+		$(PYTHON) -m venv --system-site-packages $(VENV); \
+	else \
+		$(PYTHON) -m venv $(VENV); \
+		echo "== installing torch==2.14.1 torchvision==0.29.1 (about 90 s)"; \
+		$(PIP) install --quiet torch==2.14.1 torchvision==0.29.1; \
+	fi
+	$(PIP) install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+system-deps:
+	@missing=""; \
+	command -v memcached >/dev/null || missing="$$missing memcached"; \
+	[ -d /usr/share/datasets/fashion-mnist ] || missing="$$missing dataset-fashion-mnist"; \
+	if [ -n "$$missing" ]; then \
+		echo "== apt-get install$$missing"; \
+		$(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q $$missing; \
+	fi
+
+test: install
+	$(PY) -m pytest
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy models hapi_contract hapi_server hapi_client hapi_stack hapi_cli swift_middleware
+
+demo: install
+	$(VENV)/bin/hapi demo
+
+bench: install
+	$(VENV)/bin/hapi bench all --quick
+
+stack-up: install
+	$(VENV)/bin/hapi stack up
+
+stack-down:
+	$(VENV)/bin/hapi stack down
+
+clean:
+	-$(VENV)/bin/hapi stack down
+	rm -rf $(VENV) .hapi bench-results

@@ -1,0 +1,58 @@
+"""The exception tree of ``hapi_client.datasets``::
+
+    DatasetError
+    +-- SourceError                 a sample source cannot be built or read
+    |   +-- SourceSpecError         a source spec string cannot be parsed
+    +-- SwiftError                  talking to Swift failed
+    |   +-- SwiftUnavailableError   Swift cannot be reached (connection refused, DNS, timeout)
+    |   +-- SwiftAuthError          Swift rejected the credentials (401) or the access (403)
+    +-- DatasetNotFoundError        the container or its manifest does not exist
+    +-- CorruptDatasetError         the stored manifest is invalid
+
+Errors of the shard/manifest format itself are ``hapi_contract.dataset.DatasetFormatError``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CorruptDatasetError",
+    "DatasetError",
+    "DatasetNotFoundError",
+    "SourceError",
+    "SourceSpecError",
+    "SwiftAuthError",
+    "SwiftError",
+    "SwiftUnavailableError",
+]
+
+
+class DatasetError(Exception):
+    """Base class of every error raised by ``hapi_client.datasets``."""
+
+
+class SourceError(DatasetError):
+    """A sample source cannot be built or read (missing folder, no images, bad file...)."""
+
+
+class SourceSpecError(SourceError):
+    """A source spec string (``fashion-mnist:train``, ``photos:test?per_class=5``) is invalid."""
+
+
+class SwiftError(DatasetError):
+    """A Swift request failed; the message names the operation, object and status."""
+
+
+class SwiftUnavailableError(SwiftError):
+    """Swift cannot be reached at its auth or storage URL."""
+
+
+class SwiftAuthError(SwiftError):
+    """Swift rejected the credentials (401) or denied the access (403)."""
+
+
+class DatasetNotFoundError(DatasetError):
+    """The dataset container or its manifest does not exist."""
+
+
+class CorruptDatasetError(DatasetError):
+    """The manifest stored in Swift is not a valid dataset manifest."""

@@ -1,0 +1,206 @@
+"""Pre-aggregation steps that run in front of any rule, and :class:`Chain` to combine them.
+
+A step maps n vectors to n' vectors (n' = n except for bucketing); ``Chain(step..., rule)``
+checks at construction that each step's output count is the next one's ``n``. None of these
+steps is in the seeds; they follow ByzFL's pre-aggregators (``byzfl.aggregators.preaggregators``)
+and their papers:
+
+- :class:`NearestNeighborMixing` (NNM; Allouah et al., AISTATS 2023): each x_i becomes the mean
+  of its n - f nearest vectors (itself included). Same definition as ByzFL ``NNM(f)``.
+- :class:`Bucketing` (Karimireddy, He and Jaggi, ICLR 2022): shuffle, split into ceil(n/s)
+  buckets of s vectors (the last one may be smaller), average each bucket. Same as ByzFL
+  ``Bucketing(s)`` except that the permutation comes from this object's seeded generator.
+- :class:`Clipping` (static l2 clipping): ``x_i * min(1, c / ||x_i||)``. Same as ByzFL
+  ``Clipping(c)``, except that it does not modify its input in place.
+
+Non-finite inputs pass through NNM and clipping unchanged (and a bucket holding one becomes
+non-finite), so the rule at the end of the chain still sees them as non-finite and excludes
+them; NNM never mixes a non-finite vector into a finite one while at most f are non-finite.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from ._distances import pairwise_sq_distances
+from ._tensors import Inputs, as_matrix, finite_rows
+from .aggregators import Aggregator, check_count
+from .errors import InvalidParameterError, RequirementError
+
+__all__ = ["Bucketing", "Chain", "Clipping", "NearestNeighborMixing", "PreAggregator"]
+
+
+class PreAggregator(abc.ABC):
+    """Base of the pre-aggregation steps: ``[n, *shape] -> [n', *shape]``.
+
+    Every step takes ``n`` and ``f`` so the registry can build any of them the same way; the
+    ones that do not use ``f`` ignore it.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, n: int, f: int = 0) -> None:
+        self.n = check_count("n", n, 1)
+        self.f = check_count("f", f, 0)
+
+    @property
+    def output_count(self) -> int:
+        """How many vectors this step outputs for its ``n`` inputs."""
+        return self.n
+
+    @torch.no_grad()
+    def __call__(self, inputs: Inputs) -> Tensor:
+        """Transform ``n`` inputs; returns one stacked tensor ``[output_count, *shape]``."""
+        matrix = as_matrix(inputs, self.n)
+        return matrix.restore_stack(self._transform(matrix.data))
+
+    @abc.abstractmethod
+    def _transform(self, data: Tensor) -> Tensor:
+        """``[n, d] -> [output_count, d]``; must not return a view of ``data``."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(n={self.n}, f={self.f})"
+
+
+class NearestNeighborMixing(PreAggregator):
+    """NNM: replace each x_i by the mean of its n - f nearest vectors, itself included.
+
+    ``y_i = (1/(n-f)) sum_{j in N_i} x_j`` with N_i the n - f indices closest to x_i in l2
+    (Allouah et al., "Fixing by Mixing", AISTATS 2023). Requires f < n; cost O(n^2 d).
+    Implemented as one ``[n, n] @ [n, d]`` product with the 0/1 neighbour matrix.
+    Non-finite rows are left as they are; a finite row whose n - f neighbours cannot all be
+    finite (more than f non-finite inputs) becomes NaN rather than a silently biased mean.
+    """
+
+    name = "nnm"
+
+    def __init__(self, n: int, f: int = 0) -> None:
+        super().__init__(n, f)
+        if f >= n:
+            raise RequirementError(f"{self.name}: requires f < n (n={n}, f={f})")
+
+    def _transform(self, data: Tensor) -> Tensor:
+        k = self.n - self.f
+        finite = finite_rows(data)
+        dist = pairwise_sq_distances(data, finite)
+        neighbours = torch.topk(dist, k, dim=1, largest=False).indices
+        weights = torch.zeros(self.n, self.n, dtype=data.dtype, device=data.device)
+        weights.scatter_(1, neighbours, 1.0 / k)
+        all_finite = bool(finite.all())
+        safe = data if all_finite else data.masked_fill(~finite.unsqueeze(1), 0.0)
+        mixed = weights @ safe
+        if not all_finite:
+            tainted = (weights > 0)[:, ~finite].any(dim=1)
+            mixed[tainted] = float("nan")
+            mixed[~finite] = data[~finite]
+        return mixed
+
+
+class Bucketing(PreAggregator):
+    """Bucketing: random permutation, then the mean of each bucket of ``s`` vectors.
+
+    Outputs ceil(n/s) vectors; the last bucket holds the n mod s leftovers when s does not
+    divide n (Karimireddy et al., ICLR 2022; ByzFL ``Bucketing``). The rule after it is built
+    for n' = ceil(n/s) inputs with the same f: f Byzantine inputs taint at most f buckets.
+    ``seed`` fixes the sequence of permutations (one per call); None draws a fresh seed.
+    A bucket with a non-finite input is non-finite. Cost O(nd).
+    """
+
+    name = "bucketing"
+
+    def __init__(self, n: int, f: int = 0, *, s: int = 2, seed: int | None = None) -> None:
+        super().__init__(n, f)
+        self.s = check_count("s", s, 1)
+        self.seed = seed
+        self._generator = torch.Generator()
+        if seed is None:
+            self._generator.seed()
+        else:
+            self._generator.manual_seed(seed)
+
+    @property
+    def output_count(self) -> int:
+        return math.ceil(self.n / self.s)
+
+    def _transform(self, data: Tensor) -> Tensor:
+        # Drawn on the CPU so a seed gives the same buckets on every device.
+        perm = torch.randperm(self.n, generator=self._generator).to(data.device)
+        return torch.stack(
+            [data[perm[start : start + self.s]].mean(dim=0) for start in range(0, self.n, self.s)]
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(n={self.n}, s={self.s}, seed={self.seed})"
+
+
+class Clipping(PreAggregator):
+    """Static l2 clipping: ``y_i = x_i * min(1, c / ||x_i||)``.
+
+    Bounds the influence of any single vector to norm ``c`` (default 2.0, ByzFL's default).
+    Norms are computed in float64 so a large but finite vector is clipped rather than zeroed
+    by an overflowing norm. Non-finite rows are passed through unchanged. Cost O(nd).
+    """
+
+    name = "clipping"
+
+    def __init__(self, n: int, f: int = 0, *, c: float = 2.0) -> None:
+        super().__init__(n, f)
+        if isinstance(c, bool) or not isinstance(c, int | float) or not math.isfinite(c) or c <= 0:
+            raise InvalidParameterError(f"{self.name}: c must be a finite number > 0, got {c!r}")
+        self.c = float(c)
+
+    def _transform(self, data: Tensor) -> Tensor:
+        norms = torch.linalg.vector_norm(data, dim=1, dtype=torch.float64)
+        scale = torch.clamp(self.c / norms, max=1.0)
+        scale = torch.where(torch.isfinite(norms), scale, torch.ones_like(scale))
+        return data * scale.to(data.dtype).unsqueeze(1)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(n={self.n}, c={self.c})"
+
+
+class Chain:
+    """``Chain(step_1, ..., step_k, rule)``: run pre-aggregation steps, then a rule.
+
+    Checked at construction: every step's ``output_count`` equals the next step's (or the
+    rule's) ``n``. ``n`` is the first step's input count and ``f`` the rule's declared f.
+    """
+
+    def __init__(self, *steps: PreAggregator | Aggregator) -> None:
+        if not steps or not isinstance(steps[-1], Aggregator):
+            raise InvalidParameterError("Chain needs an aggregation rule as its last step")
+        rule = steps[-1]
+        pre: list[PreAggregator] = []
+        for step in steps[:-1]:
+            if not isinstance(step, PreAggregator):
+                raise InvalidParameterError(
+                    f"Chain: {step!r} is not a pre-aggregation step; only the last step may "
+                    "be an aggregation rule"
+                )
+            pre.append(step)
+        following: list[PreAggregator | Aggregator] = [*pre[1:], rule]
+        for current, nxt in zip(pre, following, strict=True):
+            if current.output_count != nxt.n:
+                raise RequirementError(
+                    f"Chain: {current!r} outputs {current.output_count} vectors but "
+                    f"{nxt!r} expects n={nxt.n}"
+                )
+        self.pre = tuple(pre)
+        self.rule = rule
+        self.n = pre[0].n if pre else rule.n
+        self.f = rule.f
+
+    def __call__(self, inputs: Inputs) -> Tensor:
+        """Apply the steps in order, then the rule; returns one tensor of the element shape."""
+        current: Inputs = inputs
+        for step in self.pre:
+            current = step(current)
+        return self.rule(current)
+
+    def __repr__(self) -> str:
+        return f"Chain({', '.join(repr(s) for s in (*self.pre, self.rule))})"

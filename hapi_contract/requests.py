@@ -1,0 +1,302 @@
+"""Request and response schemas shared by the HAPI server and client.
+
+Every model forbids unknown fields and refuses silent coercions (``"5"`` is not an int, ``True``
+is not a count), so a typo in a client surfaces as a 422 naming the field instead of a default
+quietly taking its place. Models are frozen value objects; build a changed copy with
+``model_copy(update=...)``.
+
+Swift names follow Swift's own limits (``swift/common/constraints.py``): a container name is at
+most 256 UTF-8 bytes and has no ``/``; an object name is at most 1024 UTF-8 bytes. Control
+characters are refused in both because names travel in URLs, headers and logs.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
+
+__all__ = [
+    "API_PREFIX",
+    "CONTENT_TYPE_FRAMES",
+    "HEADER_AUTH_TOKEN",
+    "HEADER_STORAGE_URL",
+    "MAX_CONTAINER_NAME_BYTES",
+    "MAX_OBJECT_NAME_BYTES",
+    "Compression",
+    "ContainerName",
+    "ErrorBody",
+    "ExtractRequest",
+    "FinetuneRequest",
+    "ModelInfo",
+    "ModelRef",
+    "ObjectName",
+    "OptimizerSpec",
+    "OutputDtype",
+    "ProfileSpec",
+    "TransformSpec",
+    "WeightsRef",
+]
+
+API_PREFIX = "/v1"
+"""Path prefix of every HAPI endpoint."""
+
+CONTENT_TYPE_FRAMES = "application/x-hapi-frames"
+"""Media type of a framed tensor stream (see ``hapi_contract.frames``)."""
+
+HEADER_AUTH_TOKEN = "X-Auth-Token"
+"""The caller's Swift token; the server reads Swift as the caller with it."""
+
+HEADER_STORAGE_URL = "X-Storage-Url"
+"""The caller's Swift storage URL (account endpoint) that the token is valid for."""
+
+MAX_CONTAINER_NAME_BYTES = 256
+MAX_OBJECT_NAME_BYTES = 1024
+
+# The largest sample counts, batch sizes and layer counts a request may name. They bound the
+# work one request can ask for; the server applies its own, usually tighter, settings on top.
+_MAX_BATCH = 100_000
+_MAX_LAYERS = 10_000
+_MAX_SHARDS = 10_000
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_swift_name(value: str, *, what: str, limit: int) -> str:
+    if not value:
+        raise ValueError(f"{what} name must not be empty")
+    if _CONTROL_CHARS.search(value):
+        raise ValueError(f"{what} name must not contain control characters")
+    size = len(value.encode("utf-8"))
+    if size > limit:
+        raise ValueError(f"{what} name is {size} UTF-8 bytes, the limit is {limit}")
+    return value
+
+
+def _check_container(value: str) -> str:
+    _check_swift_name(value, what="container", limit=MAX_CONTAINER_NAME_BYTES)
+    if "/" in value:
+        raise ValueError("container name must not contain '/'")
+    return value
+
+
+def _check_object(value: str) -> str:
+    _check_swift_name(value, what="object", limit=MAX_OBJECT_NAME_BYTES)
+    if value.startswith("/"):
+        raise ValueError("object name must not start with '/'")
+    return value
+
+
+ContainerName = Annotated[StrictStr, AfterValidator(_check_container)]
+"""A Swift container name: 1..256 UTF-8 bytes, no '/', no control characters."""
+
+ObjectName = Annotated[StrictStr, AfterValidator(_check_object)]
+"""A Swift object name: 1..1024 UTF-8 bytes, no leading '/', no control characters."""
+
+_Finite = Annotated[StrictFloat, Field(allow_inf_nan=False)]
+_PositiveFinite = Annotated[StrictFloat, Field(gt=0, allow_inf_nan=False)]
+_NonNegativeFinite = Annotated[StrictFloat, Field(ge=0, allow_inf_nan=False)]
+_Size = Annotated[StrictInt, Field(ge=1, le=_MAX_BATCH)]
+_ImageSide = Annotated[StrictInt, Field(ge=8, le=1024)]
+_Bytes = Annotated[StrictInt, Field(ge=0)]
+_LayerIndex = Annotated[StrictInt, Field(ge=0, le=_MAX_LAYERS)]
+
+
+class OutputDtype(StrEnum):
+    """Element type of the features on the wire; 16-bit types halve the bytes sent."""
+
+    FLOAT32 = "float32"
+    FLOAT16 = "float16"
+    BFLOAT16 = "bfloat16"
+
+
+class Compression(StrEnum):
+    """Per-frame compression of the features (labels are never compressed)."""
+
+    NONE = "none"
+    ZSTD = "zstd"
+
+
+class WeightsRef(_Model):
+    """A safetensors weights object in Swift and the sha256 it must have."""
+
+    container: ContainerName
+    object: ObjectName
+    sha256: Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{64}$")] = Field(
+        description="64 lowercase hex digits of the object's SHA-256"
+    )
+
+
+class ModelRef(_Model):
+    """Which registry architecture to build, with how many classes and which weights."""
+
+    arch: Annotated[StrictStr, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9_]+$")]
+    num_classes: Annotated[StrictInt, Field(ge=1, le=100_000)]
+    weights: WeightsRef | None = None
+
+
+class TransformSpec(_Model):
+    """The input transform: resize the short side, centre-crop, scale to [0, 1], normalise."""
+
+    resize: _ImageSide
+    crop: _ImageSide
+    mean: tuple[_Finite, _Finite, _Finite]
+    std: tuple[_PositiveFinite, _PositiveFinite, _PositiveFinite]
+    grayscale_to_rgb: StrictBool = True
+
+    @model_validator(mode="after")
+    def _crop_fits(self) -> TransformSpec:
+        if self.crop > self.resize:
+            raise ValueError(f"crop ({self.crop}) must not exceed resize ({self.resize})")
+        return self
+
+
+class ProfileSpec(_Model):
+    """The client's batch-1 profile of the model, per sample, one entry per layer.
+
+    ``output_bytes_per_sample[i]`` is the float32 size of layer ``i``'s output and
+    ``activation_bytes_per_sample[i]`` the memory its forward pass needs, per sample.
+    """
+
+    input_shape: tuple[
+        Annotated[StrictInt, Field(ge=1, le=4096)],
+        Annotated[StrictInt, Field(ge=1, le=65536)],
+        Annotated[StrictInt, Field(ge=1, le=65536)],
+    ]
+    output_bytes_per_sample: Annotated[list[_Bytes], Field(min_length=1, max_length=_MAX_LAYERS)]
+    activation_bytes_per_sample: Annotated[
+        list[_Bytes], Field(min_length=1, max_length=_MAX_LAYERS)
+    ]
+    weight_bytes: _Bytes
+
+    @model_validator(mode="after")
+    def _lengths_match(self) -> ProfileSpec:
+        n_out, n_act = len(self.output_bytes_per_sample), len(self.activation_bytes_per_sample)
+        if n_out != n_act:
+            raise ValueError(
+                f"output_bytes_per_sample has {n_out} layers but "
+                f"activation_bytes_per_sample has {n_act}; they must be equal"
+            )
+        return self
+
+    @property
+    def num_layers(self) -> int:
+        """Number of layers the profile covers."""
+        return len(self.output_bytes_per_sample)
+
+
+def _check_split(split: int, profile: ProfileSpec | None, name: str) -> None:
+    if profile is not None and split > profile.num_layers:
+        raise ValueError(
+            f"{name} ({split}) exceeds the number of profiled layers ({profile.num_layers})"
+        )
+
+
+class ExtractRequest(_Model):
+    """``POST /v1/extract``: run the model up to ``split_index`` over one shard, stream features.
+
+    ``split_index`` counts the layers run on the server; 0 sends the transformed input itself.
+    """
+
+    container: ContainerName
+    shard: ObjectName
+    model: ModelRef
+    split_index: _LayerIndex
+    transform: TransformSpec
+    b_max: _Size = Field(description="largest COS batch the server may run for this request")
+    profile: ProfileSpec | None = None
+    output_dtype: OutputDtype = OutputDtype.FLOAT32
+    compression: Compression = Compression.NONE
+    request_id: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9._:-]{1,128}$")] | None = None
+
+    @model_validator(mode="after")
+    def _split_within_profile(self) -> ExtractRequest:
+        _check_split(self.split_index, self.profile, "split_index")
+        return self
+
+
+class OptimizerSpec(_Model):
+    """The optimizer of the ALL_IN_COS fine-tuning run."""
+
+    name: Literal["sgd", "adam", "adamw"] = "sgd"
+    lr: Annotated[StrictFloat, Field(gt=0, le=10, allow_inf_nan=False)]
+    momentum: Annotated[StrictFloat, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.0
+    weight_decay: _NonNegativeFinite = 0.0
+
+
+class FinetuneRequest(_Model):
+    """``POST /v1/finetune`` (ALL_IN_COS mode): the server trains and returns the weights."""
+
+    container: ContainerName
+    shards: Annotated[list[ObjectName], Field(min_length=1, max_length=_MAX_SHARDS)]
+    eval_shards: Annotated[list[ObjectName], Field(max_length=_MAX_SHARDS)] = Field(
+        default_factory=list
+    )
+    model: ModelRef
+    freeze_index: _LayerIndex
+    transform: TransformSpec
+    batch_size: _Size
+    epochs: Annotated[StrictInt, Field(ge=1, le=1000)]
+    optimizer: OptimizerSpec
+    seed: Annotated[StrictInt, Field(ge=0, le=2**63 - 1)] = 0
+    b_max: _Size
+    request_id: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9._:-]{1,128}$")] | None = None
+
+    @model_validator(mode="after")
+    def _no_duplicate_shards(self) -> FinetuneRequest:
+        for field in ("shards", "eval_shards"):
+            names: list[str] = getattr(self, field)
+            if len(set(names)) != len(names):
+                raise ValueError(f"{field} lists the same shard more than once")
+        return self
+
+
+class ErrorBody(BaseModel):
+    """The JSON body of every 4xx/5xx answer: a human ``detail`` and a machine ``code``.
+
+    Extra keys (e.g. ``retry_after``, ``errors``) are allowed and kept.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    detail: StrictStr
+    code: Annotated[StrictStr, Field(min_length=1, max_length=64)]
+
+
+class ModelInfo(_Model):
+    """One entry of ``GET /v1/models``."""
+
+    name: Annotated[StrictStr, Field(pattern=r"^[a-z0-9_]+$")]
+    num_layers: Annotated[StrictInt, Field(ge=1, le=_MAX_LAYERS)]
+    default_freeze_index: _LayerIndex
+    layer_names: list[StrictStr]
+    transform: TransformSpec
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelInfo:
+        if len(self.layer_names) != self.num_layers:
+            raise ValueError(
+                f"layer_names has {len(self.layer_names)} entries, num_layers is {self.num_layers}"
+            )
+        if self.default_freeze_index > self.num_layers:
+            raise ValueError(
+                f"default_freeze_index ({self.default_freeze_index}) exceeds "
+                f"num_layers ({self.num_layers})"
+            )
+        return self
+

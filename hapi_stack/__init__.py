@@ -1,0 +1,62 @@
+"""A local OpenStack Swift all-in-one (plus, optionally, the HAPI server) for development.
+
+::
+
+    from hapi_stack import StackConfig, up, down
+
+    stack = up(StackConfig(state_dir=Path(".hapi")))
+    conn = stack.connection()              # the admin, test:tester
+    conn.put_container("data")
+    down(stack.config)
+
+Processes are recorded with their start times in ``STATE_DIR/pids.json`` and stopped by PID only.
+"""
+
+from hapi_stack._config import ADMIN_USER, OTHER_USER, PORT_SETTINGS, StackConfig, SwiftUser
+from hapi_stack._files import PROXY_PIPELINE, render_proxy_conf
+from hapi_stack._ports import pick_free_ports, port_in_use
+from hapi_stack._record import ServiceProcess
+from hapi_stack._services import ServiceSpec, stack_services
+from hapi_stack._stack import (
+    RunningStack,
+    ServiceStatus,
+    StackStatus,
+    down,
+    running_stack,
+    status,
+    up,
+)
+from hapi_stack.errors import (
+    MissingBinaryError,
+    PortInUseError,
+    StackError,
+    StackNotRunningError,
+    StackStartError,
+)
+
+__all__ = [
+    "ADMIN_USER",
+    "OTHER_USER",
+    "PORT_SETTINGS",
+    "PROXY_PIPELINE",
+    "MissingBinaryError",
+    "PortInUseError",
+    "RunningStack",
+    "ServiceProcess",
+    "ServiceSpec",
+    "ServiceStatus",
+    "StackConfig",
+    "StackError",
+    "StackNotRunningError",
+    "StackStartError",
+    "StackStatus",
+    "SwiftUser",
+    "down",
+    "pick_free_ports",
+    "port_in_use",
+    "render_proxy_conf",
+    "running_stack",
+    "stack_services",
+    "status",
+    "up",
+]

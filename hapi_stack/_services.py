@@ -1,0 +1,100 @@
+"""What the stack runs: one :class:`ServiceSpec` per process, in start order."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hapi_stack._config import StackConfig
+from hapi_stack._paths import StatePaths
+from hapi_stack.errors import MissingBinaryError
+
+__all__ = ["SWIFT_SERVERS", "ServiceSpec", "stack_services", "swift_bin_dir", "swift_program"]
+
+#: Swift storage servers, then the proxy; the order they start in.
+SWIFT_SERVERS = ("account", "container", "object", "proxy")
+
+# The project root when running from a checkout (site-packages when installed): put on the
+# PYTHONPATH of processes that import project code (the proxy's middleware, the HAPI server).
+_PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """One process of the stack.
+
+    ``env`` is added to the caller's environment. ``health_url`` answers 200 when the service is
+    ready; ``None`` means "accepts TCP connections on ``port``" (memcached).
+    """
+
+    name: str
+    argv: tuple[str, ...]
+    port: int
+    health_url: str | None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def swift_bin_dir() -> Path:
+    """The directory holding ``swift-*`` programs: next to the running interpreter (the venv)."""
+    return Path(sys.executable).parent
+
+
+def swift_program(name: str) -> Path:
+    """The path of a Swift program such as ``swift-ring-builder``, or MissingBinaryError."""
+    path = swift_bin_dir() / name
+    if not path.is_file():
+        raise MissingBinaryError(
+            name,
+            f"expected at {path}; install Swift into this environment with "
+            f"`{sys.executable} -m pip install swift` (the project's `swift` extra)",
+        )
+    return path
+
+
+def _memcached() -> str:
+    path = shutil.which("memcached")
+    if path is None:
+        raise MissingBinaryError(
+            "memcached",
+            "Swift's tempauth needs it; install it with `apt-get install memcached`",
+        )
+    return path
+
+
+def _pythonpath() -> str:
+    current = os.environ.get("PYTHONPATH")
+    return f"{_PROJECT_ROOT}{os.pathsep}{current}" if current else str(_PROJECT_ROOT)
+
+
+def stack_services(config: StackConfig) -> list[ServiceSpec]:
+    """The processes ``config`` asks for, in start order; raises MissingBinaryError."""
+    paths = StatePaths.of(config.state_dir)
+    host = config.host
+    memcached = [_memcached(), "-l", host, "-p", str(config.memcached_port)]
+    if os.geteuid() == 0:
+        memcached += ["-u", "root"]  # memcached refuses to run as root without -u
+    services = [ServiceSpec("memcached", tuple(memcached), config.memcached_port, None)]
+    for server in SWIFT_SERVERS:
+        port: int = getattr(config, f"{server}_port")
+        argv = (str(swift_program(f"swift-{server}-server")), str(paths.conf(server)), "-v")
+        env = {"PYTHONPATH": _pythonpath()} if server == "proxy" else {}
+        services.append(ServiceSpec(server, argv, port, f"http://{host}:{port}/healthcheck", env))
+    if config.hapi_server:
+        services.append(
+            ServiceSpec(
+                "hapi-server",
+                (sys.executable, "-m", "hapi_server"),
+                config.hapi_port,
+                f"http://{host}:{config.hapi_port}/healthz",
+                {
+                    "HAPI_HOST": host,
+                    "HAPI_PORT": str(config.hapi_port),
+                    "HAPI_SWIFT_AUTH_URL": f"http://{host}:{config.proxy_port}/auth/v1.0",
+                    "PYTHONPATH": _pythonpath(),
+                },
+            )
+        )
+    return services

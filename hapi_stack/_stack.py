@@ -1,0 +1,330 @@
+"""``up``, ``down`` and ``status`` of the local Swift all-in-one stack."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from swiftclient.client import Connection
+
+from hapi_stack._config import ADMIN_USER, OTHER_USER, StackConfig
+from hapi_stack._files import prepare_state_dir
+from hapi_stack._health import http_client, probe, try_auth
+from hapi_stack._paths import StatePaths
+from hapi_stack._ports import port_in_use
+from hapi_stack._process import is_alive, spawn, stop_processes, tail
+from hapi_stack._record import (
+    ServiceProcess,
+    StackRecord,
+    read_record,
+    remove_record,
+    write_record,
+)
+from hapi_stack._services import stack_services
+from hapi_stack.errors import (
+    PortInUseError,
+    StackError,
+    StackNotRunningError,
+    StackStartError,
+)
+
+__all__ = [
+    "RunningStack",
+    "ServiceStatus",
+    "StackStatus",
+    "down",
+    "running_stack",
+    "status",
+    "up",
+]
+
+logger = logging.getLogger(__name__)
+
+_POLL_S = 0.1
+
+
+@dataclass(frozen=True)
+class RunningStack:
+    """A running stack: where to reach it, who may log in, and the processes it runs.
+
+    Two values compare equal when they describe the same processes; ``started_now`` says whether
+    the ``up`` call that returned this value started them.
+    """
+
+    config: StackConfig
+    services: tuple[ServiceProcess, ...]
+    started_now: bool = field(default=False, compare=False)
+
+    @property
+    def proxy_url(self) -> str:
+        return f"http://{self.config.host}:{self.config.proxy_port}"
+
+    @property
+    def auth_url(self) -> str:
+        """The tempauth v1.0 endpoint: GET with ``X-Auth-User``/``X-Auth-Key`` headers."""
+        return f"{self.proxy_url}/auth/v1.0"
+
+    @property
+    def hapi_url(self) -> str | None:
+        """Base URL of the HAPI server, or None when the stack runs without it."""
+        if not self.config.hapi_server:
+            return None
+        return f"http://{self.config.host}:{self.config.hapi_port}"
+
+    @property
+    def admin_user(self) -> str:
+        return ADMIN_USER.name
+
+    @property
+    def admin_key(self) -> str:
+        return ADMIN_USER.key
+
+    @property
+    def other_user(self) -> str:
+        return OTHER_USER.name
+
+    @property
+    def other_key(self) -> str:
+        return OTHER_USER.key
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {service.name: service.pid for service in self.services}
+
+    def connection(
+        self, user: str | None = None, key: str | None = None, **options: Any
+    ) -> Connection:
+        """A swiftclient Connection; the admin by default, else ``user`` (key known or given).
+
+        ``options`` go to :class:`swiftclient.client.Connection` (e.g. ``retries=0``).
+        """
+        if user is None:
+            user, key = ADMIN_USER.name, ADMIN_USER.key
+        elif key is None:
+            known = {u.name: u.key for u in (ADMIN_USER, OTHER_USER)}
+            if user not in known:
+                raise StackError(f"no key known for user {user!r}; pass key=")
+            key = known[user]
+        return Connection(authurl=self.auth_url, user=user, key=key, auth_version="1", **options)
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    """One recorded service as seen now."""
+
+    name: str
+    pid: int
+    port: int
+    alive: bool
+    healthy: bool
+    log_path: Path
+
+
+@dataclass(frozen=True)
+class StackStatus:
+    """The recorded services of a state directory (none if nothing is recorded)."""
+
+    state_dir: Path
+    services: tuple[ServiceStatus, ...]
+
+    @property
+    def recorded(self) -> bool:
+        return bool(self.services)
+
+    @property
+    def running(self) -> bool:
+        """True if a stack is recorded and every service is alive and healthy."""
+        return self.recorded and all(s.alive and s.healthy for s in self.services)
+
+
+@contextmanager
+def _locked(paths: StatePaths) -> Iterator[None]:
+    # Two `up`s on one state dir at once would start two sets of servers.
+    with paths.lock_file.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _all_alive(record: StackRecord) -> bool:
+    return bool(record.services) and all(is_alive(s.process) for s in record.services)
+
+
+def _stop(record: StackRecord, timeout: float) -> list[str]:
+    by_pid = {s.pid: s.name for s in record.services}
+    try:
+        stopped = stop_processes([s.process for s in reversed(record.services)], timeout)
+    except OSError as exc:
+        raise StackError(f"could not stop the stack in {record.config.state_dir}: {exc}") from exc
+    return [by_pid[p.pid] for p in stopped]
+
+
+def _failure(service: ServiceProcess, reason: str) -> StackStartError:
+    return StackStartError(
+        f"{service.name} (pid {service.pid}, port {service.port})",
+        f"{reason} (log: {service.log_path})",
+        tail(service.log_path),
+    )
+
+
+def _wait_ready(record: StackRecord, timeout: float) -> None:
+    """Wait until every service answers and the admin can log in; StackStartError if not."""
+    config = record.config
+    deadline = time.monotonic() + timeout
+    pending = list(record.services)
+    with http_client() as client:
+        while pending:
+            for service in list(pending):
+                if not is_alive(service.process):
+                    raise _failure(service, "exited while starting")
+                if probe(client, config.host, service.port, service.health_url):
+                    pending.remove(service)
+            if pending and time.monotonic() > deadline:
+                raise _failure(pending[0], f"did not become healthy within {timeout:g} s")
+            if pending:
+                time.sleep(_POLL_S)
+        stack = RunningStack(config, tuple(record.services))
+        proxy = next(s for s in record.services if s.name == "proxy")
+        while (problem := try_auth(client, stack.auth_url, ADMIN_USER)) is not None:
+            if time.monotonic() > deadline:
+                raise _failure(proxy, f"does not authenticate the admin: {problem}")
+            time.sleep(_POLL_S)
+
+
+def _check_ports(config: StackConfig) -> None:
+    for setting in config.active_port_settings():
+        port = getattr(config, setting)
+        if port_in_use(config.host, port):
+            raise PortInUseError(config.host, port, setting)
+
+
+def up(config: StackConfig) -> RunningStack:
+    """Start the stack described by ``config``, or return it if it already runs.
+
+    Writes configs and rings under ``config.state_dir``, starts memcached, the Swift account,
+    container, object and proxy servers (and the HAPI server if asked), records them in
+    ``pids.json`` and waits until all answer and the admin can log in. On failure it stops what
+    it started and raises StackStartError with the tail of the failing service's log.
+
+    Raises MissingBinaryError, PortInUseError (before starting anything), StackStartError, or
+    StackError when a stack with different settings already runs in the state directory.
+    """
+    paths = StatePaths.of(config.state_dir)
+    config = config.model_copy(update={"state_dir": paths.root})
+    paths.root.mkdir(parents=True, exist_ok=True)
+    with _locked(paths):
+        existing = read_record(paths.pids_file)
+        if existing is not None:
+            if _all_alive(existing):
+                running, wanted = existing.config.shape(), config.shape()
+                if running != wanted:
+                    changes = ", ".join(
+                        f"{key} {running[key]!r} (asked {wanted[key]!r})"
+                        for key in running
+                        if running[key] != wanted.get(key)
+                    )
+                    raise StackError(
+                        f"a stack with other settings already runs in {paths.root}: {changes}; "
+                        "stop it first (`hapi stack down`)"
+                    )
+                _wait_ready(existing, config.start_timeout)
+                logger.info("stack in %s already running", paths.root)
+                return RunningStack(existing.config, tuple(existing.services), started_now=False)
+            logger.warning("stack in %s is partly down; restarting it", paths.root)
+            _stop(existing, config.stop_timeout)
+            remove_record(paths.pids_file)
+        specs = stack_services(config)
+        _check_ports(config)
+        prepare_state_dir(config)
+        record = StackRecord(config=config)
+        try:
+            for spec in specs:
+                log_path = paths.log(spec.name)
+                proc = spawn(spec.argv, {**os.environ, **spec.env}, log_path)
+                record.services.append(
+                    ServiceProcess(
+                        name=spec.name,
+                        pid=proc.pid,
+                        start_time=proc.start_time,
+                        port=spec.port,
+                        health_url=spec.health_url,
+                        log_path=log_path,
+                    )
+                )
+                # Recorded at once: if this process dies mid-start, `down` still finds them.
+                write_record(paths.pids_file, record)
+            _wait_ready(record, config.start_timeout)
+        except BaseException:
+            try:
+                _stop(record, config.stop_timeout)
+            except StackError as cleanup_error:
+                # Keep pids.json so that `down` can try again; the first error is the story.
+                logger.error("cleaning up after a failed start: %s", cleanup_error)
+            else:
+                remove_record(paths.pids_file)
+            raise
+    logger.info("stack started in %s: %s", paths.root, ", ".join(s.name for s in specs))
+    return RunningStack(config, tuple(record.services), started_now=True)
+
+
+def down(config: StackConfig) -> list[str]:
+    """Stop the processes recorded in ``config.state_dir``; returns the names of those stopped.
+
+    Each recorded PID is signalled only if its start time still matches, so a recycled PID is
+    never touched: SIGTERM, then SIGKILL after ``config.stop_timeout``. Removes ``pids.json``.
+    Does nothing when nothing is recorded.
+    """
+    paths = StatePaths.of(config.state_dir)
+    if not paths.pids_file.exists():
+        return []
+    with _locked(paths):
+        record = read_record(paths.pids_file)
+        if record is None:
+            return []
+        stopped = _stop(record, config.stop_timeout)
+        remove_record(paths.pids_file)
+    logger.info("stack in %s stopped: %s", paths.root, ", ".join(stopped) or "nothing was running")
+    return stopped
+
+
+def status(config: StackConfig) -> StackStatus:
+    """Liveness and health of every service recorded in ``config.state_dir``."""
+    paths = StatePaths.of(config.state_dir)
+    record = read_record(paths.pids_file)
+    if record is None:
+        return StackStatus(paths.root, ())
+    services = []
+    with http_client() as client:
+        for service in record.services:
+            alive = is_alive(service.process)
+            healthy = alive and probe(client, record.config.host, service.port, service.health_url)
+            services.append(
+                ServiceStatus(
+                    service.name, service.pid, service.port, alive, healthy, service.log_path
+                )
+            )
+    return StackStatus(paths.root, tuple(services))
+
+
+def running_stack(config: StackConfig) -> RunningStack:
+    """The stack recorded in ``config.state_dir`` if all its processes run (no health probe).
+
+    For commands that need the URLs and credentials of a stack started earlier.
+    Raises StackNotRunningError otherwise.
+    """
+    paths = StatePaths.of(config.state_dir)
+    record = read_record(paths.pids_file)
+    if record is None or not _all_alive(record):
+        raise StackNotRunningError(
+            f"no running stack in {paths.root}; start one with `hapi stack up`"
+        )
+    return RunningStack(record.config, tuple(record.services))

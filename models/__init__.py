@@ -1,0 +1,45 @@
+"""HAPI's splittable model zoo: models as ordered lists of layers that can be cut anywhere.
+
+>>> from hapi_models import get_model
+>>> model = get_model("resnet18", num_classes=10)
+>>> head, tail = model.head(8), model.tail(8)
+"""
+
+from . import zoo as _zoo  # noqa: F401  (registers the architectures)
+from .errors import (
+    ChecksumMismatchError,
+    HapiModelError,
+    PretrainedWeightsUnavailableError,
+    SplitIndexError,
+    UnknownModelError,
+    WeightsError,
+)
+from .profiling import LayerProfile, ModelProfile, profile
+from .registry import ModelSpec, get_model, get_spec, list_models
+from .splittable import SplittableModel
+from .transforms import ImageDecodeError, InputTransform, decode_image
+from .weights import load_weights, save_weights, sha256_hex, weights_to_bytes
+
+__all__ = [
+    "ChecksumMismatchError",
+    "HapiModelError",
+    "ImageDecodeError",
+    "InputTransform",
+    "LayerProfile",
+    "ModelProfile",
+    "ModelSpec",
+    "PretrainedWeightsUnavailableError",
+    "SplitIndexError",
+    "SplittableModel",
+    "UnknownModelError",
+    "WeightsError",
+    "decode_image",
+    "get_model",
+    "get_spec",
+    "list_models",
+    "load_weights",
+    "profile",
+    "save_weights",
+    "sha256_hex",
+    "weights_to_bytes",
+]

@@ -1,0 +1,40 @@
+"""Exception tree of :mod:`hapi_models`."""
+
+from __future__ import annotations
+
+
+class HapiModelError(Exception):
+    """Base class of every error raised by the model zoo."""
+
+
+class UnknownModelError(HapiModelError, KeyError):
+    """The requested architecture is not in the registry."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        super().__init__(f"unknown model {name!r}; registered models: {', '.join(known)}")
+        self.name = name
+        self.known = known
+
+    def __str__(self) -> str:  # KeyError would otherwise quote the whole message
+        return str(self.args[0])
+
+
+class SplitIndexError(HapiModelError, ValueError):
+    """A split or freeze index outside ``[0, num_layers]``."""
+
+
+class WeightsError(HapiModelError):
+    """Weights that cannot be loaded: wrong format, wrong keys or shapes."""
+
+
+class ChecksumMismatchError(WeightsError):
+    """The sha256 of a weights blob differs from the expected one."""
+
+    def __init__(self, expected: str, actual: str) -> None:
+        super().__init__(f"weights sha256 mismatch: expected {expected}, got {actual}")
+        self.expected = expected
+        self.actual = actual
+
+
+class PretrainedWeightsUnavailableError(WeightsError):
+    """Pretrained weights were asked for an architecture that has none offline."""

@@ -1,0 +1,78 @@
+"""A model as an ordered list of split-worthy layers.
+
+Layer ``i`` consumes the output of layer ``i - 1``; ``head(s)`` runs layers ``[0, s)`` (on the
+storage side) and ``tail(s)`` runs ``[s, num_layers)`` (on the compute tier), so for every split
+``tail(s)(head(s)(x)) == model(x)``. Head and tail share parameters with the model (no copies).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from .errors import SplitIndexError
+from .transforms import InputTransform
+
+
+class SplittableModel(nn.Module):
+    """An ``nn.Sequential``-like model whose layers can be cut at any index."""
+
+    def __init__(
+        self,
+        arch: str,
+        layers: Sequence[tuple[str, nn.Module]],
+        *,
+        default_freeze_index: int,
+        transform: InputTransform,
+        num_classes: int,
+    ) -> None:
+        super().__init__()
+        if not layers:
+            raise ValueError("a splittable model needs at least one layer")
+        self.arch = arch
+        self.num_classes = num_classes
+        self.transform = transform
+        self.layer_names: list[str] = [name for name, _ in layers]
+        # ModuleList keys must not contain dots; the readable names live in layer_names.
+        self.layers = nn.ModuleList([module for _, module in layers])
+        self.default_freeze_index = self._check_index(default_freeze_index, "freeze index")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def _check_index(self, index: int, what: str = "split index") -> int:
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise SplitIndexError(f"{what} must be an integer, got {index!r}")
+        if not 0 <= index <= self.num_layers:
+            raise SplitIndexError(
+                f"{what} {index} out of range for {self.arch}: must be in [0, {self.num_layers}]"
+            )
+        return index
+
+    def head(self, split: int) -> nn.Sequential:
+        """Layers ``[0, split)``: what the HAPI server runs. ``head(0)`` is the identity."""
+        split = self._check_index(split)
+        return nn.Sequential(*self.layers[:split])
+
+    def tail(self, split: int) -> nn.Sequential:
+        """Layers ``[split, num_layers)``: what the client runs on the received features."""
+        split = self._check_index(split)
+        return nn.Sequential(*self.layers[split:])
+
+    def freeze(self, freeze_index: int | None = None) -> None:
+        """Make layers ``[0, freeze_index)`` non-trainable (the feature-extraction phase)."""
+        index = self.default_freeze_index if freeze_index is None else freeze_index
+        index = self._check_index(index, "freeze index")
+        for i, layer in enumerate(self.layers):
+            layer.requires_grad_(i >= index)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+    def extra_repr(self) -> str:
+        return f"arch={self.arch}, num_layers={self.num_layers}, freeze={self.default_freeze_index}"

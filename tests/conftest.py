@@ -1,0 +1,63 @@
+"""Session fixtures shared by the whole suite.
+
+``swift_stack`` starts one real Swift all-in-one (memcached, account, container, object and proxy
+servers) on free loopback ports in a temporary state directory, and stops exactly those processes
+at the end of the session. Tests that use it (directly or through ``swift_conn``/``other_conn``)
+are marked ``swift`` automatically, so ``pytest -m "not swift"`` runs the rest. A missing
+memcached or Swift is a test error with the install command, never a silent skip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from swiftclient.client import Connection
+
+from hapi_stack import RunningStack, StackConfig, StackError, down, up
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    swift = pytest.mark.swift
+    for item in items:
+        if "swift_stack" in getattr(item, "fixturenames", ()):
+            item.add_marker(swift)
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if gpu_items:
+        import torch  # only when GPU tests were collected: importing torch takes seconds
+
+        if not torch.cuda.is_available():
+            skip = pytest.mark.skip(reason="needs CUDA; no GPU on this machine")
+            for item in gpu_items:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def swift_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+    """The session's real Swift stack (admin ``test:tester``, other user ``test2:tester2``)."""
+    # Free ports, so that a developer's own `hapi stack up` on the defaults never clashes.
+    config = StackConfig.on_free_ports(state_dir=tmp_path_factory.mktemp("swift-stack"))
+    try:
+        stack = up(config)
+    except StackError as exc:
+        pytest.fail(f"cannot start the local Swift stack: {exc}", pytrace=False)
+    try:
+        yield stack
+    finally:
+        down(stack.config)
+
+
+@pytest.fixture
+def swift_conn(swift_stack: RunningStack) -> Iterator[Connection]:
+    """A swiftclient Connection as the admin of account ``test``."""
+    conn = swift_stack.connection()
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def other_conn(swift_stack: RunningStack) -> Iterator[Connection]:
+    """A swiftclient Connection as ``test2:tester2``, who has no rights on account ``test``."""
+    conn = swift_stack.connection(swift_stack.other_user, swift_stack.other_key)
+    yield conn
+    conn.close()

@@ -1,0 +1,49 @@
+"""The profile's byte counts are those of the real tensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hapi_models as hm
+
+
+@pytest.mark.parametrize("name", ["alexnet", "resnet18", "efficientnet_lite0", "densenet121"])
+def test_byte_counts_match_the_actual_tensors(name: str) -> None:
+    model = hm.get_model(name, num_classes=10)
+    prof = hm.profile(model, (3, 64, 64))
+    assert len(prof.layers) == model.num_layers
+    x = torch.randn(3, 3, 64, 64)
+    with torch.inference_mode():
+        for split in range(1, model.num_layers + 1):
+            out = model.head(split)(x)
+            layer = prof.layers[split - 1]
+            assert layer.output_bytes_per_sample * 3 == out.numel() * out.element_size()
+            assert layer.output_shape == tuple(out.shape[1:])
+            assert prof.output_bytes(split) == layer.output_bytes_per_sample
+            assert layer.activation_bytes_per_sample >= layer.output_bytes_per_sample
+    assert prof.output_bytes(0) == prof.input_bytes_per_sample == 3 * 64 * 64 * 4
+    assert prof.weight_bytes == sum(p.numel() * 4 for p in model.parameters()) + sum(
+        b.numel() * b.element_size() for b in model.buffers()
+    )
+
+
+def test_meta_and_real_passes_agree() -> None:
+    model = hm.get_model("resnet18", num_classes=10)
+    meta = hm.profile(model, (3, 96, 96))
+    real = hm.profile(model, (3, 96, 96), device="cpu")
+    assert meta.layers == real.layers
+    assert model.training is False
+
+
+def test_alexnet_output_bytes_at_224() -> None:
+    prof = hm.profile(hm.get_model("alexnet", num_classes=1000))
+    # conv1 output 64x55x55 floats; the avgpool layer flattens 256x6x6.
+    assert prof.layers[0].output_bytes_per_sample == 64 * 55 * 55 * 4
+    assert prof.layers[13].output_shape == (256 * 6 * 6,)
+    assert prof.layers[-1].output_bytes_per_sample == 1000 * 4
+
+
+def test_bad_input_shape() -> None:
+    with pytest.raises(ValueError, match="input_shape"):
+        hm.profile(hm.get_model("alexnet", num_classes=2), (3, 0, 5))  # type: ignore[arg-type]

@@ -1,16 +1,18 @@
-"""The HAPI wire contract: request schemas and the framed tensor stream, shared by both sides.
+"""The HAPI wire contract: request schemas, the framed tensor stream and the dataset format.
 
 The server and the client import this package and nothing of each other. It depends on
 pydantic, numpy, torch and zstandard only (no FastAPI, no httpx).
 """
 
-from . import errors, frames, profile, requests
+from . import dataset, errors, frames, profile, requests
+from .dataset import *  # noqa: F403
 from .errors import *  # noqa: F403
 from .frames import *  # noqa: F403
 from .profile import *  # noqa: F403
 from .requests import *  # noqa: F403
 
 __all__ = [
+    *dataset.__all__,
     *errors.__all__,
     *frames.__all__,
     *profile.__all__,

@@ -52,7 +52,6 @@ gets a new version byte. Nothing here ever unpickles.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import struct
 import sys
@@ -101,8 +100,6 @@ __all__ = [
     "encode_error",
     "iter_frames",
 ]
-
-logger = logging.getLogger(__name__)
 
 MAGIC = b"HAPI"
 FORMAT_VERSION = 1
@@ -221,7 +218,8 @@ _ANY_HEADER: TypeAdapter[_BatchHeader | _EndHeader | _ErrorHeader] = TypeAdapter
 class BatchFrame:
     """One decoded batch: ``features`` in the wire dtype and int64 ``labels``.
 
-    ``features`` owns its memory (it is writable and independent of the decoder's buffers).
+    Both tensors are writable and independent of the decoder's buffers. ``payload_bytes`` is
+    what the frame's payload took on the wire (features after compression, plus labels).
     """
 
     offset: int
@@ -230,7 +228,7 @@ class BatchFrame:
     labels: torch.Tensor
     dtype: OutputDtype
     compression: Compression
-    wire_nbytes: int
+    payload_bytes: int
     meta: dict[str, Any] = field(default_factory=dict)
 
     def float(self) -> torch.Tensor:
@@ -368,7 +366,9 @@ def encode_batch(
 
     ``features`` (any float dtype, any device, first dim = samples) is cast to ``dtype``;
     ``labels`` (1-D integers) travel as int64. ``offset`` is the index of the first sample in
-    the shard. Prefer :class:`FrameEncoder`, which also keeps the totals for the end frame.
+    the shard. ``zstd_level`` defaults to 1: activations compress only modestly, and level 1
+    is about twice as fast as level 3 for a few percent less ratio. Prefer
+    :class:`FrameEncoder`, which also keeps the totals for the end frame.
     """
     frame, _, _ = _encode_batch(features, labels, offset, dtype, compression, meta, zstd_level)
     return frame
@@ -657,7 +657,7 @@ class FrameDecoder:
             labels=_tensor(labels_buf, "int64", labs.shape),
             dtype=OutputDtype(feats.dtype),
             compression=Compression(feats.codec),
-            wire_nbytes=header.payload_len,
+            payload_bytes=header.payload_len,
             meta=header.meta,
         )
 

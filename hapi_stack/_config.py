@@ -24,6 +24,7 @@ class SwiftUser:
 
     @property
     def account(self) -> str:
+        """The account part of ``name`` (``test`` for ``test:tester``)."""
         return self.name.split(":", 1)[0]
 
 
@@ -66,7 +67,7 @@ class StackConfig(BaseModel):
     memcached_port: Port = 11211
     hapi_port: Port = 8090
     hapi_server: bool = False
-    proxy_extra_pipeline: tuple[str, ...] = ()
+    proxy_extra_pipeline: list[str] = Field(default_factory=list)
     proxy_extra_filters: dict[str, dict[str, str]] = Field(default_factory=dict)
     log_level: str = "INFO"
     start_timeout: Annotated[float, Field(gt=0)] = 60.0
@@ -82,7 +83,7 @@ class StackConfig(BaseModel):
 
     @field_validator("proxy_extra_pipeline")
     @classmethod
-    def _names_are_words(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+    def _names_are_words(cls, value: list[str]) -> list[str]:
         for name in value:
             if not name or any(c.isspace() for c in name):
                 raise ValueError(f"pipeline filter names must be single words, got {name!r}")

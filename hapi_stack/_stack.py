@@ -64,6 +64,7 @@ class RunningStack:
 
     @property
     def proxy_url(self) -> str:
+        """Base URL of the Swift proxy, e.g. ``http://127.0.0.1:8080``."""
         return f"http://{self.config.host}:{self.config.proxy_port}"
 
     @property
@@ -80,6 +81,7 @@ class RunningStack:
 
     @property
     def admin_user(self) -> str:
+        """``test:tester``, with ``.admin`` on account ``test``."""
         return ADMIN_USER.name
 
     @property
@@ -88,6 +90,7 @@ class RunningStack:
 
     @property
     def other_user(self) -> str:
+        """``test2:tester2``, without admin rights (for access-control tests)."""
         return OTHER_USER.name
 
     @property
@@ -96,15 +99,29 @@ class RunningStack:
 
     @property
     def pids(self) -> dict[str, int]:
+        """Service name to PID."""
         return {service.name: service.pid for service in self.services}
 
+    def account_url(self, account: str) -> str:
+        """The storage URL of ``account`` (e.g. ``"test"``, the admin's)."""
+        return f"{self.proxy_url}/v1/AUTH_{account}"
+
     def connection(
-        self, user: str | None = None, key: str | None = None, **options: Any
+        self,
+        user: str | None = None,
+        key: str | None = None,
+        *,
+        account: str | None = None,
+        **options: Any,
     ) -> Connection:
         """A swiftclient Connection; the admin by default, else ``user`` (key known or given).
 
-        ``options`` go to :class:`swiftclient.client.Connection` (e.g. ``retries=0``).
+        ``account`` makes it address that account instead of the user's own (to use an ACL
+        another account granted). ``options`` go to :class:`swiftclient.client.Connection`
+        (e.g. ``retries=0``).
         """
+        if account is not None:
+            options["preauthurl"] = self.account_url(account)
         if user is None:
             user, key = ADMIN_USER.name, ADMIN_USER.key
         elif key is None:

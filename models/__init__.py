@@ -14,6 +14,14 @@ from .errors import (
     UnknownModelError,
     WeightsError,
 )
+from .finetune import (
+    EpochStats,
+    OptimizerConfig,
+    evaluate,
+    prepare_for_finetuning,
+    set_modes,
+    train_batches,
+)
 from .profiling import LayerProfile, ModelProfile, profile
 from .registry import ModelSpec, get_model, get_spec, list_models
 from .splittable import SplittableModel
@@ -22,6 +30,12 @@ from .weights import load_weights, save_weights, sha256_hex, weights_to_bytes
 
 __all__ = [
     "ChecksumMismatchError",
+    "EpochStats",
+    "OptimizerConfig",
+    "evaluate",
+    "prepare_for_finetuning",
+    "set_modes",
+    "train_batches",
     "HapiModelError",
     "ImageDecodeError",
     "InputTransform",

@@ -49,7 +49,11 @@ class ModelProfile:
 
     def output_bytes(self, split: int) -> int:
         """Per-sample bytes crossing the wire for a split (the input tensor at split 0)."""
-        return self.input_bytes_per_sample if split == 0 else self.layers[split - 1].output_bytes_per_sample
+        return (
+            self.input_bytes_per_sample
+            if split == 0
+            else self.layers[split - 1].output_bytes_per_sample
+        )
 
 
 def _nbytes(t: object) -> int:
@@ -119,7 +123,7 @@ def profile(
             in_bytes = _nbytes(x)
             if on_meta:
                 prefix = f"layers.{i}."
-                local = {k[len(prefix):]: v for k, v in swapped.items() if k.startswith(prefix)}
+                local = {k[len(prefix) :]: v for k, v in swapped.items() if k.startswith(prefix)}
                 x = torch.func.functional_call(layer, local, (x,))
             else:
                 x = layer(x)

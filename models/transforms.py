@@ -37,7 +37,9 @@ class InputTransform:
 
     def __post_init__(self) -> None:
         if not 1 <= self.crop <= self.resize:
-            raise ValueError(f"crop must be in [1, resize]; got crop={self.crop}, resize={self.resize}")
+            raise ValueError(
+                f"crop must be in [1, resize]; got crop={self.crop}, resize={self.resize}"
+            )
         if any(s <= 0 for s in self.std):
             raise ValueError(f"std must be positive; got {self.std}")
 

@@ -44,7 +44,9 @@ def load_weights(model: nn.Module, source: str | Path | bytes, *, sha256: str | 
     else:
         path = Path(source)
         if path.suffix in {".pt", ".pth", ".pkl", ".bin"}:
-            raise WeightsError(f"{path}: only .safetensors weights are accepted (pickle formats are not)")
+            raise WeightsError(
+                f"{path}: only .safetensors weights are accepted (pickle formats are not)"
+            )
         try:
             blob = path.read_bytes()
         except OSError as exc:

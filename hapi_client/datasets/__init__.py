@@ -1,0 +1,44 @@
+"""Datasets in Swift, client side: sample sources, sharding and idempotent upload.
+
+Sources yield labelled encoded images (:class:`SourceSample`) with class names::
+
+    source = get_source("photos:train?per_class=100")   # or fashion-mnist:train, digits, folder:/p
+    manifest = upload_dataset(conn, source, "photos-train")
+    manifest = load_manifest(conn, "photos-train")
+
+The shard and manifest format itself is ``hapi_contract.dataset``; the spec syntax is in
+``SOURCE_SPEC_HELP``.
+"""
+
+from . import (
+    _digits,
+    _fashion_mnist,
+    _folder,
+    _photos,
+    _registry,
+    _sharding,
+    _source,
+    _upload,
+    errors,
+)
+from ._digits import *  # noqa: F403
+from ._fashion_mnist import *  # noqa: F403
+from ._folder import *  # noqa: F403
+from ._photos import *  # noqa: F403
+from ._registry import *  # noqa: F403
+from ._sharding import *  # noqa: F403
+from ._source import *  # noqa: F403
+from ._upload import *  # noqa: F403
+from .errors import *  # noqa: F403
+
+__all__ = [
+    *_digits.__all__,
+    *_fashion_mnist.__all__,
+    *_folder.__all__,
+    *_photos.__all__,
+    *_registry.__all__,
+    *_sharding.__all__,
+    *_source.__all__,
+    *_upload.__all__,
+    *errors.__all__,
+]

@@ -37,7 +37,10 @@ def _build(num_classes: int, pretrained: bool) -> SplittableModel:
         raise no_offline_weights("densenet121")
     net = tvm.densenet121(weights=None, num_classes=num_classes)
     return SplittableModel(
-        "densenet121", _layers(net), default_freeze_index=FREEZE, transform=IMAGENET,
+        "densenet121",
+        _layers(net),
+        default_freeze_index=FREEZE,
+        transform=IMAGENET,
         num_classes=num_classes,
     )
 

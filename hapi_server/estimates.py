@@ -1,0 +1,90 @@
+"""Per-sample memory estimates of running a head, from the server's own profile.
+
+The client sends its profile with each request, but memory planning never trusts a figure the
+client reports: the server profiles the registered architecture itself (a meta-device pass, a few
+milliseconds, cached), and corrects the estimate from measured peaks where the device reports
+them (CUDA's allocator statistics; a CPU has no per-request allocator statistics, so its
+estimate stays the profile's).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+import hapi_models
+import torch
+
+log = logging.getLogger(__name__)
+
+ProfileKey = tuple[str, int, tuple[int, int, int]]
+
+
+@dataclass(frozen=True)
+class HeadEstimate:
+    bytes_per_sample: int
+    head_weight_bytes: int
+    output_bytes_per_sample: int
+
+
+class MemoryEstimator:
+    def __init__(self, smoothing: float = 0.5) -> None:
+        self._profiles: dict[ProfileKey, hapi_models.ModelProfile] = {}
+        self._correction: dict[tuple[ProfileKey, int, str], float] = {}
+        self._smoothing = smoothing
+        self._lock = threading.Lock()
+
+    def profile(
+        self, arch: str, num_classes: int, shape: tuple[int, int, int]
+    ) -> hapi_models.ModelProfile:
+        key = (arch, num_classes, shape)
+        with self._lock:
+            cached = self._profiles.get(key)
+        if cached is not None:
+            return cached
+        with torch.device("meta"):
+            skeleton = hapi_models.get_spec(arch).builder(num_classes, False)
+        prof = hapi_models.profile(skeleton, shape)
+        with self._lock:
+            self._profiles[key] = prof
+        return prof
+
+    def estimate(
+        self, arch: str, num_classes: int, shape: tuple[int, int, int], split: int, device_type: str
+    ) -> HeadEstimate:
+        prof = self.profile(arch, num_classes, shape)
+        # Input batch, the peak of the head's layers, and the output copy that gets encoded.
+        base = (
+            prof.input_bytes_per_sample
+            + prof.head_activation_bytes_per_sample(split)
+            + prof.output_bytes(split)
+        )
+        factor = self._correction.get(((arch, num_classes, shape), split, device_type), 1.0)
+        return HeadEstimate(
+            bytes_per_sample=int(base * factor),
+            head_weight_bytes=prof.head_weight_bytes(split),
+            output_bytes_per_sample=prof.output_bytes(split),
+        )
+
+    def observe(
+        self,
+        arch: str,
+        num_classes: int,
+        shape: tuple[int, int, int],
+        split: int,
+        device_type: str,
+        measured_bytes_per_sample: float,
+    ) -> None:
+        """Fold a measured peak per sample into the correction factor (never below 1)."""
+        prof = self.profile(arch, num_classes, shape)
+        base = (
+            prof.input_bytes_per_sample
+            + prof.head_activation_bytes_per_sample(split)
+            + prof.output_bytes(split)
+        )
+        ratio = max(1.0, measured_bytes_per_sample / max(1, base))
+        key = ((arch, num_classes, shape), split, device_type)
+        with self._lock:
+            old = self._correction.get(key, ratio)
+            self._correction[key] = (1 - self._smoothing) * old + self._smoothing * ratio

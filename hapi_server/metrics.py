@@ -1,0 +1,59 @@
+"""Prometheus metrics of one server instance (its own registry, so tests can build many apps)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_BATCH_BUCKETS = (1, 5, 10, 25, 50, 100, 200, 400, 800, 1000, 2000, 5000, 10000)
+_FAST_BUCKETS = (1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.queue_depth = Gauge(
+            "hapi_queue_depth", "requests waiting for a COS batch size", ["device"], registry=r
+        )
+        self.planned_bytes = Gauge(
+            "hapi_planned_memory_bytes",
+            "memory planned for running requests",
+            ["device"],
+            registry=r,
+        )
+        self.measured_peak_bytes = Gauge(
+            "hapi_measured_peak_memory_bytes",
+            "peak memory measured in the last request",
+            ["device"],
+            registry=r,
+        )
+        self.resident_weights_bytes = Gauge(
+            "hapi_resident_weights_bytes", "weights loaded on the device", ["device"], registry=r
+        )
+        self.cos_batch_size = Histogram(
+            "hapi_cos_batch_size",
+            "COS batch sizes chosen by batch adaptation",
+            ["device"],
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.adaptation_seconds = Histogram(
+            "hapi_adaptation_decision_seconds",
+            "time to solve one batch-adaptation round",
+            ["device"],
+            buckets=_FAST_BUCKETS,
+            registry=r,
+        )
+        self.bytes_streamed = Counter(
+            "hapi_bytes_streamed", "feature bytes streamed to clients", ["endpoint"], registry=r
+        )
+        self.samples = Counter("hapi_samples", "samples processed", ["endpoint"], registry=r)
+        self.request_seconds = Histogram(
+            "hapi_request_duration_seconds",
+            "request duration, queueing included",
+            ["endpoint", "status"],
+            registry=r,
+        )
+        self.requests = Counter(
+            "hapi_requests", "requests by endpoint and status", ["endpoint", "status"], registry=r
+        )

@@ -1,0 +1,142 @@
+"""Batch adaptation: the COS batch size of every waiting request on one device (thesis eq. 5.1).
+
+Per device, with ``d_r`` = bytes per sample of request r (input plus peak activations of the
+head it runs) and ``m_r`` = bytes of its model that are not already resident::
+
+    maximise   sum_r (b_r * d_r + m_r)
+    subject to sum_r (b_r * d_r + m_r) <= free,   b_min_r <= b_r <= b_max_r,  b_r integer
+
+(the parenthesisation of the thesis' eq. 5.1 read as in the digest's D3). The objective is the
+constraint's left side, so any plan that fills the free memory, or gives everyone b_max, is
+optimal. The closed form below does exactly that in O(n log n), where the thesis ran a MILP
+solver (PuLP + CBC, about 25 ms):
+
+1. Feasibility: if ``sum_r (b_min_r * d_r + m_r) > free``, take out one request and retry.
+   **Fairness rule: the most recently arrived request is taken out** (ties: the one with the
+   larger minimum footprint), so service is first-come first-served and a request that waits
+   keeps its arrival time and only gets older: it cannot starve behind later arrivals.
+   Taken-out requests wait for the next round (memory freed by a finishing request).
+2. Sharing: the memory left after everyone's b_min is water-filled in bytes: every request gets
+   an equal byte share of the remainder, capped at b_max, and what a capped request cannot use is
+   re-shared among the others. Byte-equal shares mean a request with heavy samples gets fewer
+   extra samples, not more memory.
+3. Integer rounding leaves less than one sample per request unused; a final pass adds single
+   samples, in arrival order, while any still fits. The result is maximal: no request's batch
+   can grow by one without exceeding the budget or its b_max.
+
+The solver is pure (no torch, no I/O) so it is unit-tested and timed on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class InfeasibleRequestError(ValueError):
+    """A request that does not fit even alone at its b_min on an empty device."""
+
+    def __init__(self, request_id: str, needed: int, capacity: int) -> None:
+        super().__init__(
+            f"request {request_id} needs {needed} bytes at its minimum COS batch "
+            f"but the device can offer at most {capacity} bytes"
+        )
+        self.request_id = request_id
+        self.needed = needed
+        self.capacity = capacity
+
+
+@dataclass(frozen=True)
+class Demand:
+    """One waiting request as the solver sees it."""
+
+    request_id: str
+    bytes_per_sample: int
+    model_bytes: int
+    b_min: int
+    b_max: int
+    arrival: float
+
+    def __post_init__(self) -> None:
+        if self.bytes_per_sample < 1:
+            raise ValueError(f"{self.request_id}: bytes_per_sample must be >= 1")
+        if self.model_bytes < 0:
+            raise ValueError(f"{self.request_id}: model_bytes must be >= 0")
+        if not 1 <= self.b_min <= self.b_max:
+            raise ValueError(
+                f"{self.request_id}: need 1 <= b_min <= b_max, got {self.b_min}, {self.b_max}"
+            )
+
+    def footprint(self, batch: int) -> int:
+        return batch * self.bytes_per_sample + self.model_bytes
+
+
+@dataclass(frozen=True)
+class Plan:
+    batches: dict[str, int]
+    """request id -> chosen COS batch size, for the requests that run now."""
+    deferred: list[str]
+    """request ids taken out by the fairness rule, to be planned in a later round."""
+    planned_bytes: int
+    free_bytes: int
+
+
+def effective_b_min(b_min: int, b_max: int) -> int:
+    """A request asking for less than the operator's b_min gets its own b_max as the minimum."""
+    return min(b_min, b_max)
+
+
+def solve(demands: Sequence[Demand], free_bytes: int) -> Plan:
+    """Choose COS batch sizes for ``demands`` sharing ``free_bytes`` of one device."""
+    free = max(0, int(free_bytes))
+    active = sorted(demands, key=lambda d: d.arrival)
+    deferred: list[str] = []
+    while active and sum(d.footprint(d.b_min) for d in active) > free:
+        victim = max(active, key=lambda d: (d.arrival, d.footprint(d.b_min)))
+        active.remove(victim)
+        deferred.append(victim.request_id)
+    if not active:
+        return Plan({}, deferred, 0, free)
+
+    batches = {d.request_id: d.b_min for d in active}
+    remaining = free - sum(d.footprint(d.b_min) for d in active)
+
+    # Water-fill the remainder in bytes among requests that can still grow.
+    growing = [d for d in active if d.b_max > d.b_min]
+    while growing and remaining > 0:
+        share = remaining // len(growing)
+        if share == 0:
+            break
+        still: list[Demand] = []
+        spent = 0
+        for d in growing:
+            room = d.b_max - batches[d.request_id]
+            extra = min(room, share // d.bytes_per_sample)
+            batches[d.request_id] += extra
+            spent += extra * d.bytes_per_sample
+            if extra < room and share // d.bytes_per_sample >= 1:
+                still.append(d)
+        remaining -= spent
+        if spent == 0:
+            break
+        growing = [d for d in still if batches[d.request_id] < d.b_max]
+
+    # Rounding leftovers: single samples in arrival order while any fits.
+    progressed = True
+    while progressed and remaining > 0:
+        progressed = False
+        for d in active:
+            if batches[d.request_id] < d.b_max and d.bytes_per_sample <= remaining:
+                batches[d.request_id] += 1
+                remaining -= d.bytes_per_sample
+                progressed = True
+
+    planned = sum(d.footprint(batches[d.request_id]) for d in active)
+    return Plan(batches, deferred, planned, free)
+
+
+def check_feasible_alone(demand: Demand, capacity_bytes: int) -> None:
+    """Raise :class:`InfeasibleRequestError` if ``demand`` cannot run even on an empty device."""
+    needed = demand.footprint(demand.b_min)
+    if needed > capacity_bytes:
+        raise InfeasibleRequestError(demand.request_id, needed, capacity_bytes)

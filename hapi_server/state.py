@@ -1,0 +1,69 @@
+"""Everything one server instance holds: devices, schedulers, caches, Swift reader, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from .adaptation import DeviceScheduler
+from .devices import Device, discover_devices
+from .estimates import MemoryEstimator
+from .metrics import Metrics
+from .settings import ServerSettings
+from .swift_io import SwiftReader
+from .weights_cache import WeightsCache
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerState:
+    settings: ServerSettings
+    devices: list[Device]
+    schedulers: dict[str, DeviceScheduler]
+    weights: WeightsCache
+    estimator: MemoryEstimator
+    swift: SwiftReader
+    metrics: Metrics
+    executor: ThreadPoolExecutor
+
+    @classmethod
+    def create(cls, settings: ServerSettings) -> ServerState:
+        if settings.torch_threads:
+            torch.set_num_threads(settings.torch_threads)
+        devices = discover_devices(settings)
+        metrics = Metrics()
+        weights = WeightsCache(settings.weights_cache_bytes)
+        schedulers = {}
+        for device in devices:
+            sched = DeviceScheduler(device, settings, metrics)
+            sched.resident_weights = weights.resident_bytes
+            sched.evict_idle = weights.evict_idle
+            schedulers[device.name] = sched
+        workers = settings.max_concurrent_per_device * len(devices)
+        log.info(
+            "HAPI server devices: %s",
+            ", ".join(f"{d.name} ({d.total_bytes / 2**30:.1f} GiB)" for d in devices),
+        )
+        return cls(
+            settings=settings,
+            devices=devices,
+            schedulers=schedulers,
+            weights=weights,
+            estimator=MemoryEstimator(),
+            swift=SwiftReader(settings.swift_url, settings.swift_timeout_s),
+            metrics=metrics,
+            executor=ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hapi-compute"),
+        )
+
+    def pick_scheduler(self) -> DeviceScheduler:
+        """Spread requests evenly: the device with the fewest waiting + running requests."""
+        return min(self.schedulers.values(), key=lambda s: (s.load, -s.free_bytes()))
+
+    async def aclose(self) -> None:
+        await self.swift.aclose()
+        await asyncio.get_running_loop().run_in_executor(None, self.executor.shutdown, True)

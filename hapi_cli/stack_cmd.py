@@ -21,7 +21,7 @@ from hapi_stack import (
 __all__ = ["DEFAULT_HAPI_SERVER", "ERRORS", "register"]
 
 #: Whether ``hapi stack up`` starts the HAPI server unless told otherwise.
-DEFAULT_HAPI_SERVER = StackConfig().hapi_server
+DEFAULT_HAPI_SERVER = True  # the CLI stack is Swift + HAPI; the library default stays Swift only
 ERRORS: tuple[type[BaseException], ...] = (StackError,)
 
 _DEFAULTS = StackConfig()

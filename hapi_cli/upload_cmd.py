@@ -14,8 +14,13 @@ from typing import Any
 
 from swiftclient.client import Connection
 
-from hapi_client.datasets import SOURCE_SPEC_HELP, DatasetError, get_source, sync_dataset
-from hapi_client.datasets._swift import swift_errors
+from hapi_client.datasets import (
+    SOURCE_SPEC_HELP,
+    DatasetError,
+    get_source,
+    swift_errors,
+    sync_dataset,
+)
 from hapi_contract.dataset import DEFAULT_SHARD_SIZE, DatasetFormatError
 
 __all__ = [

@@ -1,0 +1,58 @@
+"""The HAPI client: profile, choose the split from bandwidth, stream features into fine-tuning.
+
+>>> from hapi_client import HapiClient, SwiftCredentials
+>>> client = HapiClient("http://127.0.0.1:8090", SwiftCredentials())
+>>> result = client.finetune(model="models/efficientnet_lite0", container="photos-train",
+...                          eval_container="photos-test", epochs=2, batch_size=64)
+"""
+
+from hapi_models import OptimizerConfig
+
+from .bandwidth import BandwidthEstimator
+from .client import DEFAULT_ENDPOINT, HapiClient
+from .errors import (
+    ConfigurationError,
+    DeliveryError,
+    HapiClientError,
+    ServerError,
+    ServerUnavailableError,
+    SwiftAccessError,
+)
+from .feature_cache import FeatureCache
+from .finetune import MODES, EpochMetrics, FinetuneResult, run_finetune
+from .model_store import StoredModel, download_model, resolve_model, upload_model
+from .split import SplitDecision, choose_split_index
+from .swift_session import DEFAULT_AUTH_URL, SwiftCredentials, SwiftSession
+from .throttle import TokenBucket
+from .transport import HapiTransport, RetryPolicy, ShardFeatures
+
+__all__ = [
+    "DEFAULT_AUTH_URL",
+    "DEFAULT_ENDPOINT",
+    "MODES",
+    "BandwidthEstimator",
+    "ConfigurationError",
+    "DeliveryError",
+    "EpochMetrics",
+    "FeatureCache",
+    "FinetuneResult",
+    "HapiClient",
+    "HapiClientError",
+    "HapiTransport",
+    "OptimizerConfig",
+    "RetryPolicy",
+    "ServerError",
+    "ServerUnavailableError",
+    "ShardFeatures",
+    "SplitDecision",
+    "StoredModel",
+    "SwiftAccessError",
+    "SwiftCredentials",
+    "SwiftSession",
+    "TokenBucket",
+    "choose_split_index",
+    "download_model",
+    "resolve_model",
+    "run_finetune",
+    "upload_model",
+]

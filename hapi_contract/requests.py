@@ -248,6 +248,9 @@ class FinetuneRequest(_Model):
         default_factory=list
     )
     model: ModelRef
+    target_classes: Annotated[StrictInt, Field(ge=1, le=100_000)] | None = Field(
+        None, description="replace the classifier with a new one of this many classes (seeded)"
+    )
     freeze_index: _LayerIndex
     transform: TransformSpec
     batch_size: _Size

@@ -51,6 +51,7 @@ class DeviceScheduler:
     _waiting: dict[str, _Waiter] = field(default_factory=dict)
     _running: dict[str, Reservation] = field(default_factory=dict)
     _round: asyncio.Task[None] | None = None
+    _planned_peak: int = 0
     evict_idle: Callable[[Device], int] | None = None
     """Set by the weights cache: drop idle weights of a device, return the bytes freed."""
 
@@ -75,15 +76,26 @@ class DeviceScheduler:
     def free_bytes(self) -> int:
         return max(0, self.device.total_bytes - self.occupied_bytes())
 
-    async def acquire(self, demand: Demand) -> Reservation:
-        """Wait for a planned COS batch size; raise 507 / 503 / 504 errors as the case may be."""
+    async def acquire(self, demand: Demand, pinned_bytes: int = 0) -> Reservation:
+        """Wait for a planned COS batch size; raise 507 / 503 / 504 errors as the case may be.
+
+        ``pinned_bytes`` is memory the request itself keeps occupied while it waits (its model's
+        resident weights): it can never be freed for the request, so it counts against
+        feasibility, else such a request would wait for memory that never comes.
+        """
         if not self.settings.adaptation:
             return self._admit(demand, demand.b_max)
         try:
-            check_feasible_alone(demand, self.capacity_bytes)
+            check_feasible_alone(demand, self.capacity_bytes - pinned_bytes)
         except InfeasibleRequestError as exc:
+            weights = (
+                f" (its model's weights hold {pinned_bytes} of the device's "
+                f"{self.capacity_bytes} usable bytes)"
+                if pinned_bytes
+                else ""
+            )
             raise InsufficientMemoryError(
-                f"{exc}; lower b_max or the split index, or raise the device budget"
+                f"{exc}{weights}; lower b_max or the split index, or raise the device budget"
             ) from exc
         if len(self._waiting) >= self.settings.queue_limit:
             raise QueueFullError(
@@ -180,11 +192,13 @@ class DeviceScheduler:
 
     def _publish(self) -> None:
         name = self.device.name
+        planned = sum(r.planned_bytes for r in self._running.values())
+        resident = self._resident()
+        self._planned_peak = max(self._planned_peak, planned + resident)
         self.metrics.queue_depth.labels(name).set(len(self._waiting))
-        self.metrics.planned_bytes.labels(name).set(
-            sum(r.planned_bytes for r in self._running.values())
-        )
-        self.metrics.resident_weights_bytes.labels(name).set(self._resident())
+        self.metrics.planned_bytes.labels(name).set(planned)
+        self.metrics.planned_peak_bytes.labels(name).set(self._planned_peak)
+        self.metrics.resident_weights_bytes.labels(name).set(resident)
 
     def _resident(self) -> int:
         return self.resident_weights(self.device) if self.resident_weights is not None else 0

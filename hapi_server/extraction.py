@@ -203,7 +203,7 @@ async def prepare(state: ServerState, caller: Caller, req: ExtractRequest) -> Pr
             min(req.b_max, len(samples)),
         )
         queued_at = time.perf_counter()
-        reservation = await scheduler.acquire(demand)
+        reservation = await scheduler.acquire(demand, pinned_bytes=entry.nbytes)
     except BaseException:
         state.weights.release(entry)
         raise

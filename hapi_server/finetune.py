@@ -12,12 +12,13 @@ import copy
 import json
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import hapi_models
 import torch
 
-from hapi_contract import DatasetFormatError, FinetuneRequest, read_shard
+from hapi_contract import DatasetFormatError, FinetuneRequest, plan_epoch, read_shard
 
 from .adaptation import make_demand, new_request_id
 from .errors import InvalidRequestError, InvalidShardError, PayloadTooLargeError
@@ -30,10 +31,10 @@ log = logging.getLogger(__name__)
 
 async def _read_samples(
     state: ServerState, caller: Caller, container: str, shards: list[str], num_classes: int
-) -> tuple[list[bytes], list[int]]:
-    images: list[bytes] = []
-    labels: list[int] = []
-    limit = state.settings.max_samples_per_request
+) -> tuple[list[list[bytes]], list[list[int]]]:
+    """Images and labels per shard, in the request's shard order."""
+    images: list[list[bytes]] = []
+    labels: list[list[int]] = []
     blobs = await asyncio.gather(
         *(
             state.swift.get(caller, container, s, max_bytes=state.settings.max_object_bytes)
@@ -45,49 +46,50 @@ async def _read_samples(
             samples = read_shard(blob.data, num_classes=num_classes)
         except DatasetFormatError as exc:
             raise InvalidShardError(f"shard {container}/{name}: {exc}") from exc
-        images += [s.image_bytes for s in samples]
-        labels += [s.label for s in samples]
+        images.append([s.image_bytes for s in samples])
+        labels.append([s.label for s in samples])
     return images, labels
 
 
 def _train(
     model: hapi_models.SplittableModel,
     req: FinetuneRequest,
-    images: list[bytes],
-    labels: list[int],
-    eval_images: list[bytes],
-    eval_labels: list[int],
+    images: list[list[bytes]],
+    labels: list[list[int]],
+    eval_images: list[list[bytes]],
+    eval_labels: list[list[int]],
     device: torch.device,
     max_pixels: int,
 ) -> tuple[bytes, list[dict[str, Any]]]:
+    """Train with the clients' epoch plan and step, so ALL_IN_COS computes what they compute."""
     transform = to_transform(req.transform)
     freeze = req.freeze_index
+    model.to(device)
     hapi_models.prepare_for_finetuning(model, freeze)
     opt = hapi_models.OptimizerConfig(
         req.optimizer.name, req.optimizer.lr, req.optimizer.momentum, req.optimizer.weight_decay
     ).build(model.parameters())
-    generator = torch.Generator().manual_seed(req.seed)
-    label_t = torch.tensor(labels, dtype=torch.int64)
+    torch.manual_seed(req.seed)  # dropout in the trained layers, seeded as the client's modes do
     head = model.head(freeze)
     tail = model.tail(freeze)
     history: list[dict[str, Any]] = []
 
-    def features(idx: list[int], imgs: list[bytes]) -> torch.Tensor:
-        x = transform.decode_batch([imgs[i] for i in idx], max_pixels=max_pixels).to(device)
-        with torch.no_grad():
-            return head(x)
+    def batches(
+        order: list[tuple[int, int]], imgs: list[list[bytes]], labs: list[list[int]]
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for b in range(0, len(order), req.batch_size):
+            idx = order[b : b + req.batch_size]
+            x = transform.decode_batch([imgs[s][i] for s, i in idx], max_pixels=max_pixels)
+            with torch.no_grad():
+                h = head(x.to(device))
+            yield h, torch.tensor([labs[s][i] for s, i in idx], dtype=torch.int64)
 
+    sizes = [len(shard) for shard in images]
     for epoch in range(req.epochs):
         start = time.perf_counter()
-        order = torch.randperm(len(images), generator=generator).tolist()
+        order = plan_epoch(len(images), req.seed, epoch).sample_order(sizes)
         hapi_models.set_modes(model, freeze, training=True)
-
-        def batches() -> Any:
-            for b in range(0, len(order), req.batch_size):
-                idx = order[b : b + req.batch_size]
-                yield features(idx, images), label_t[idx]
-
-        stats = hapi_models.train_batches(tail, batches(), opt, device)
+        stats = hapi_models.train_batches(tail, batches(order, images, labels), opt, device)
         record: dict[str, Any] = {
             "epoch": epoch + 1,
             "loss": stats.loss,
@@ -97,16 +99,10 @@ def _train(
         }
         if eval_images:
             hapi_models.set_modes(model, freeze, training=False)
-            ev = (
-                (
-                    features(
-                        list(range(b, min(b + req.batch_size, len(eval_images)))), eval_images
-                    ),
-                    torch.tensor(eval_labels[b : b + req.batch_size]),
-                )
-                for b in range(0, len(eval_images), req.batch_size)
+            ev_order = [(s, i) for s, shard in enumerate(eval_images) for i in range(len(shard))]
+            record["eval_accuracy"] = hapi_models.evaluate(
+                tail, batches(ev_order, eval_images, eval_labels), device
             )
-            record["eval_accuracy"] = hapi_models.evaluate(tail, ev, device)
         history.append(record)
     model.eval()
     return hapi_models.weights_to_bytes(model.to("cpu")), history
@@ -129,7 +125,7 @@ async def run_finetune(
         if req.eval_shards
         else asyncio.sleep(0, result=([], [])),
     )
-    if len(images) + len(eval_images) > state.settings.max_samples_per_request * max(
+    if sum(map(len, images)) + sum(map(len, eval_images)) > state.settings.max_samples_per_request * max(
         1, len(req.shards)
     ):
         raise PayloadTooLargeError("too many samples for one fine-tuning request")
@@ -144,10 +140,12 @@ async def run_finetune(
             scheduler.device.torch_device.type,
         )
         # Training keeps activations for backward and the optimizer state: a conservative 3x.
-        batch = min(req.batch_size, len(images))
+        batch = min(req.batch_size, sum(map(len, images)))
         demand = make_demand(request_id, 3 * est.bytes_per_sample, entry.nbytes, batch, batch)
         reservation = await scheduler.acquire(demand)
         model = copy.deepcopy(entry.model)  # never train the shared, cached copy
+        if req.target_classes is not None and req.target_classes != req.model.num_classes:
+            model.replace_classifier(req.target_classes, seed=req.seed)
     finally:
         state.weights.release(entry)
     try:
@@ -171,7 +169,7 @@ async def run_finetune(
         "device": scheduler.device.name,
         "epochs": history,
         "server_seconds": round(time.perf_counter() - started, 3),
-        "samples": len(images),
+        "samples": sum(map(len, images)),
         "sha256": hapi_models.sha256_hex(blob),
     }
     log.info(

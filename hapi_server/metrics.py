@@ -21,6 +21,13 @@ class Metrics:
             ["device"],
             registry=r,
         )
+        self.planned_peak_bytes = Gauge(
+            "hapi_planned_memory_peak_bytes",
+            "highest planned memory of running requests plus resident weights since start; "
+            "batch adaptation keeps it within the device total minus the framework reserve",
+            ["device"],
+            registry=r,
+        )
         self.measured_peak_bytes = Gauge(
             "hapi_measured_peak_memory_bytes",
             "peak memory measured in the last request",

@@ -89,17 +89,20 @@ def effective_b_min(b_min: int, b_max: int) -> int:
 def solve(demands: Sequence[Demand], free_bytes: int) -> Plan:
     """Choose COS batch sizes for ``demands`` sharing ``free_bytes`` of one device."""
     free = max(0, int(free_bytes))
-    active = sorted(demands, key=lambda d: d.arrival)
+    # Sorted so that the fairness rule's next victim (latest arrival; ties: larger minimum
+    # footprint) is always the last element: taking out is a pop and a subtraction, O(n) in all.
+    active = sorted(demands, key=lambda d: (d.arrival, d.footprint(d.b_min)))
+    need = sum(d.footprint(d.b_min) for d in active)
     deferred: list[str] = []
-    while active and sum(d.footprint(d.b_min) for d in active) > free:
-        victim = max(active, key=lambda d: (d.arrival, d.footprint(d.b_min)))
-        active.remove(victim)
+    while active and need > free:
+        victim = active.pop()
+        need -= victim.footprint(victim.b_min)
         deferred.append(victim.request_id)
     if not active:
         return Plan({}, deferred, 0, free)
 
     batches = {d.request_id: d.b_min for d in active}
-    remaining = free - sum(d.footprint(d.b_min) for d in active)
+    remaining = free - need
 
     # Water-fill the remainder in bytes among requests that can still grow.
     growing = [d for d in active if d.b_max > d.b_min]

@@ -13,7 +13,7 @@ Processes are recorded with their start times in ``STATE_DIR/pids.json`` and sto
 """
 
 from hapi_stack._config import ADMIN_USER, OTHER_USER, PORT_SETTINGS, StackConfig, SwiftUser
-from hapi_stack._files import PROXY_PIPELINE, render_proxy_conf
+from hapi_stack._files import HAPI_FILTER, PROXY_PIPELINE, proxy_filters, render_proxy_conf
 from hapi_stack._ports import pick_free_ports, port_in_use
 from hapi_stack._record import ServiceProcess
 from hapi_stack._services import ServiceSpec, stack_services
@@ -36,6 +36,7 @@ from hapi_stack.errors import (
 
 __all__ = [
     "ADMIN_USER",
+    "HAPI_FILTER",
     "OTHER_USER",
     "PORT_SETTINGS",
     "PROXY_PIPELINE",
@@ -54,6 +55,7 @@ __all__ = [
     "down",
     "pick_free_ports",
     "port_in_use",
+    "proxy_filters",
     "render_proxy_conf",
     "running_stack",
     "stack_services",

@@ -16,7 +16,13 @@ from hapi_stack._paths import StatePaths
 from hapi_stack._services import swift_program
 from hapi_stack.errors import StackError
 
-__all__ = ["PROXY_PIPELINE", "prepare_state_dir", "render_proxy_conf"]
+__all__ = [
+    "HAPI_FILTER",
+    "PROXY_PIPELINE",
+    "prepare_state_dir",
+    "proxy_filters",
+    "render_proxy_conf",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +45,35 @@ def _user_line(user: SwiftUser) -> str:
     return f"user_{account}_{name} = {' '.join((user.key, *user.groups))}"
 
 
+#: The HAPI filter (``swift_middleware``): its pipeline name and paste entry point.
+HAPI_FILTER = "hapi"
+_HAPI_FILTER_USE = "egg:hapi#hapi"
+
+
+def proxy_filters(config: StackConfig) -> tuple[list[str], dict[str, dict[str, str]]]:
+    """The extra proxy filters: names in pipeline order, and the options of each section.
+
+    Those of ``config``, plus the HAPI filter when the stack runs the HAPI server: it goes first
+    (right after ``tempauth``) and points at the stack's HAPI server; options given in
+    ``config.proxy_extra_filters["hapi"]`` override its defaults (e.g. ``execution``).
+    """
+    pipeline = list(config.proxy_extra_pipeline)
+    filters = {name: dict(options) for name, options in config.proxy_extra_filters.items()}
+    if config.hapi_server and HAPI_FILTER not in pipeline:
+        pipeline.insert(0, HAPI_FILTER)
+    if HAPI_FILTER in pipeline:
+        options = filters.get(HAPI_FILTER, {})
+        defaults: dict[str, str] = {}
+        if "use" not in options and "paste.filter_factory" not in options:
+            defaults["use"] = _HAPI_FILTER_USE
+        if config.hapi_server:
+            defaults["hapi_servers"] = f"http://{config.host}:{config.hapi_port}"
+            # The URL the HAPI server reads Swift at; it refuses storage URLs elsewhere.
+            defaults["swift_url"] = f"http://{config.host}:{config.proxy_port}"
+        filters[HAPI_FILTER] = {**defaults, **options}
+    return pipeline, filters
+
+
 def _filter_sections(filters: dict[str, dict[str, str]]) -> str:
     sections = []
     for name, options in filters.items():
@@ -55,7 +90,8 @@ def _run_user() -> str:
 def render_proxy_conf(config: StackConfig) -> str:
     """The text of ``proxy-server.conf`` for ``config``."""
     paths = StatePaths.of(config.state_dir)
-    extra = "".join(f"{name} " for name in config.proxy_extra_pipeline)
+    pipeline, filters = proxy_filters(config)
+    extra = "".join(f"{name} " for name in pipeline)
     return _template("proxy-server.conf").substitute(
         host=config.host,
         port=config.proxy_port,
@@ -65,7 +101,7 @@ def render_proxy_conf(config: StackConfig) -> str:
         pipeline=PROXY_PIPELINE.format(extra=extra),
         tempauth_users="\n".join(_user_line(u) for u in (ADMIN_USER, OTHER_USER)),
         memcached_port=config.memcached_port,
-        extra_filters=_filter_sections(config.proxy_extra_filters),
+        extra_filters=_filter_sections(filters),
     )
 
 

@@ -92,7 +92,7 @@ def stack_services(config: StackConfig) -> list[ServiceSpec]:
                 {
                     "HAPI_HOST": host,
                     "HAPI_PORT": str(config.hapi_port),
-                    "HAPI_SWIFT_AUTH_URL": f"http://{host}:{config.proxy_port}/auth/v1.0",
+                    "HAPI_SWIFT_URL": f"http://{host}:{config.proxy_port}",
                     "PYTHONPATH": _pythonpath(),
                 },
             )

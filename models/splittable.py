@@ -69,6 +69,36 @@ class SplittableModel(nn.Module):
         for i, layer in enumerate(self.layers):
             layer.requires_grad_(i >= index)
 
+    def replace_classifier(self, num_classes: int, *, seed: int = 0) -> None:
+        """Give the last layer's final ``nn.Linear`` ``num_classes`` outputs, freshly initialised.
+
+        Transfer learning keeps the pretrained features and learns a new head; the seed makes
+        the new head identical wherever it is built (client or server).
+        """
+        last = self.layers[-1]
+        container, name, linear = None, None, None
+        if isinstance(last, nn.Linear):
+            linear = last
+        else:
+            for parent in last.modules():
+                for child_name, child in parent.named_children():
+                    if isinstance(child, nn.Linear):
+                        container, name, linear = parent, child_name, child
+        if linear is None:
+            raise ValueError(f"{self.arch}: the last layer has no nn.Linear to replace")
+        generator_state = torch.random.get_rng_state()
+        try:
+            torch.manual_seed(seed)
+            new = nn.Linear(linear.in_features, num_classes)
+        finally:
+            torch.random.set_rng_state(generator_state)
+        new = new.to(linear.weight.device)
+        if container is None:
+            self.layers[-1] = new
+        else:
+            setattr(container, name, new)  # type: ignore[arg-type]
+        self.num_classes = num_classes
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
             x = layer(x)

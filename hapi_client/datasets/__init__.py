@@ -18,6 +18,7 @@ from . import (
     _registry,
     _sharding,
     _source,
+    _swift,
     _upload,
     errors,
 )
@@ -28,6 +29,7 @@ from ._photos import *  # noqa: F403
 from ._registry import *  # noqa: F403
 from ._sharding import *  # noqa: F403
 from ._source import *  # noqa: F403
+from ._swift import *  # noqa: F403
 from ._upload import *  # noqa: F403
 from .errors import *  # noqa: F403
 
@@ -39,6 +41,7 @@ __all__ = [
     *_registry.__all__,
     *_sharding.__all__,
     *_source.__all__,
+    *_swift.__all__,
     *_upload.__all__,
     *errors.__all__,
 ]

@@ -13,7 +13,7 @@ from .errors import SwiftAuthError, SwiftError, SwiftUnavailableError
 
 __all__ = ["is_not_found", "swift_errors"]
 
-STACK_HINT = "is the stack up? run `hapi stack up`"
+_STACK_HINT = "is the stack up? run `hapi stack up`"
 
 
 def is_not_found(exc: ClientException) -> bool:
@@ -56,12 +56,12 @@ def swift_errors(conn: Connection, what: str) -> Iterator[None]:
             ) from exc
         if status is None:
             raise SwiftUnavailableError(
-                f"{what}: no answer from Swift at {conn.authurl}: {_reason(exc)}; {STACK_HINT}"
+                f"{what}: no answer from Swift at {conn.authurl}: {_reason(exc)}; {_STACK_HINT}"
             ) from exc
         raise SwiftError(
             f"{what}: Swift answered {status} {exc.http_reason or ''}".rstrip()
         ) from exc
     except (OSError, RequestException) as exc:
         raise SwiftUnavailableError(
-            f"{what}: cannot reach Swift at {conn.authurl}: {_reason(exc)}; {STACK_HINT}"
+            f"{what}: cannot reach Swift at {conn.authurl}: {_reason(exc)}; {_STACK_HINT}"
         ) from exc

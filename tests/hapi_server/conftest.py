@@ -58,9 +58,14 @@ class ServerProcess:
 
 
 def start_server(
-    stack: RunningStack, log_dir: Path, preexec: Callable[[], None] | None = None, **settings: object
+    stack: RunningStack,
+    log_dir: Path,
+    preexec: Callable[[], None] | None = None,
+    port: int | None = None,
+    ready_status: int = 200,
+    **settings: object,
 ) -> ServerProcess:
-    port = free_port()
+    port = port or free_port()
     env = dict(os.environ)
     env.update(
         HAPI_HOST="127.0.0.1",
@@ -84,7 +89,8 @@ def start_server(
         if proc.poll() is not None:
             raise RuntimeError(f"hapi-server exited with {proc.returncode}:\n{server.log_tail()}")
         try:
-            if httpx.get(f"{server.url}/healthz", timeout=2).status_code == 200:
+            # ready_status=503: the ready answer of a server whose Swift is down on purpose.
+            if httpx.get(f"{server.url}/healthz", timeout=2).status_code == ready_status:
                 return server
         except httpx.HTTPError:
             pass
@@ -100,8 +106,12 @@ def server_factory(
     started: list[ServerProcess] = []
     log_dir = tmp_path_factory.mktemp("hapi-server-logs")
 
-    def factory(preexec: Callable[[], None] | None = None, **settings: object) -> ServerProcess:
-        server = start_server(swift_stack, log_dir, preexec, **settings)
+    def factory(
+        preexec: Callable[[], None] | None = None, ready_status: int = 200, **settings: object
+    ) -> ServerProcess:
+        server = start_server(
+            swift_stack, log_dir, preexec, ready_status=ready_status, **settings
+        )
         started.append(server)
         return server
 

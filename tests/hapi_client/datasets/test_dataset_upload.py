@@ -112,7 +112,7 @@ def test_reupload_of_the_same_source_sends_nothing(
     conn.puts.clear()
 
     again = sync_dataset(
-        conn, DigitsSource("test", limit=120), container, shard_size=50, progress=False
+        conn, DigitsSource("test", limit=120), container, shard_size=50, progress=True
     )
     assert conn.puts == [] and conn.deletes == []
     assert (again.shards_uploaded, again.shards_skipped, again.manifest_uploaded) == (0, 3, False)

@@ -1,0 +1,101 @@
+"""Models in Swift: a safetensors object plus a small JSON descriptor (arch, classes, sha256)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from swiftclient.client import Connection
+
+import hapi_models
+from hapi_contract import ModelRef, WeightsRef
+
+from .datasets import put_object_if_changed, put_object_idempotent
+from .errors import ConfigurationError, SwiftAccessError
+from .swift_session import SwiftSession
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODELS_CONTAINER = "models"
+
+
+@dataclass(frozen=True)
+class StoredModel:
+    arch: str
+    num_classes: int
+    container: str
+    object: str
+    sha256: str
+    nbytes: int = 0
+
+    def ref(self) -> ModelRef:
+        return ModelRef(
+            arch=self.arch,
+            num_classes=self.num_classes,
+            weights=WeightsRef(container=self.container, object=self.object, sha256=self.sha256),
+        )
+
+    @property
+    def name(self) -> str:
+        return f"{self.container}/{self.object.removesuffix('.safetensors')}"
+
+
+def upload_model(
+    conn: Connection,
+    arch: str,
+    *,
+    container: str = DEFAULT_MODELS_CONTAINER,
+    weights: str | Path | None = None,
+    num_classes: int | None = None,
+    seed: int = 0,
+) -> tuple[StoredModel, bool]:
+    """Store a model's weights and descriptor; return it and whether bytes were uploaded.
+
+    Without ``weights``: the packaged ImageNet weights where the architecture has them, else a
+    random initialisation from ``seed`` (the torchvision architectures have no offline weights).
+    """
+    spec = hapi_models.get_spec(arch)
+    if weights is not None:
+        classes = num_classes or 1000
+        model = hapi_models.get_model(arch, num_classes=classes, weights=Path(weights))
+    elif spec.has_pretrained:
+        classes = 1000
+        model = hapi_models.get_model(arch, num_classes=classes, weights="imagenet")
+    else:
+        classes = num_classes or 1000
+        torch.manual_seed(seed)
+        model = hapi_models.get_model(arch, num_classes=classes)
+    blob = hapi_models.weights_to_bytes(model)
+    sha = hapi_models.sha256_hex(blob)
+    obj = f"{arch}.safetensors"
+    conn.put_container(container)
+    result = put_object_if_changed(conn, container, obj, blob, "application/octet-stream")
+    stored = StoredModel(arch, classes, container, obj, sha, len(blob))
+    put_object_idempotent(
+        conn, container, f"{arch}.json", json.dumps(asdict(stored), indent=2).encode(), "application/json"
+    )
+    uploaded = result.uploaded
+    log.info("model %s: %d bytes, sha256 %s (%s)", stored.name, len(blob), sha, "uploaded" if uploaded else "unchanged")
+    return stored, uploaded
+
+
+def resolve_model(swift: SwiftSession, ref: str | StoredModel) -> StoredModel:
+    """``container/arch`` (a descriptor written by :func:`upload_model`) or a StoredModel."""
+    if isinstance(ref, StoredModel):
+        return ref
+    container, _, name = ref.partition("/")
+    if not container or not name:
+        raise ConfigurationError(f"model reference {ref!r} must look like 'models/efficientnet_lite0'")
+    data, _ = swift.get(container, f"{name}.json", observe=False)
+    try:
+        return StoredModel(**json.loads(data))
+    except (TypeError, ValueError) as exc:
+        raise SwiftAccessError(f"{container}/{name}.json is not a model descriptor: {exc}") from exc
+
+
+def download_model(swift: SwiftSession, stored: StoredModel) -> hapi_models.SplittableModel:
+    blob, _ = swift.get(stored.container, stored.object, observe=False)
+    return hapi_models.get_model(stored.arch, num_classes=stored.num_classes, weights=blob, sha256=stored.sha256)

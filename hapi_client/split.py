@@ -1,0 +1,97 @@
+"""Choosing the split index from the measured bandwidth (thesis Algorithm 2, made precise).
+
+As DESIGN.md states it (digest D1, D2):
+
+* sizes are per **training batch** at the wire dtype: ``out(s) = bytes per sample after layer
+  s - 1 x batch`` for a split ``s`` (the server runs layers ``[0, s)``);
+* the input size is the dataset's **stored** bytes per sample (what BASELINE transfers, e.g. JPEG)
+  x batch, not the decoded tensor;
+* candidates are splits ``1 <= s <= freeze`` with ``out(s) < input``; ``C = bandwidth x 1 s``;
+* the winner is the earliest candidate with ``out(s) < C``; if none, the freeze index;
+* if no split up to the freeze index is smaller than the input, nothing is pushed down
+  (split 0 = raw streaming). This last rule is our extension: the thesis always pushes down.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from .errors import ConfigurationError
+
+log = logging.getLogger(__name__)
+
+
+class _Layer(Protocol):
+    output_bytes_per_sample: int
+
+
+class ProfileLike(Protocol):
+    @property
+    def layers(self) -> Sequence[_Layer]: ...
+
+
+@dataclass(frozen=True)
+class SplitDecision:
+    split_index: int
+    reason: str
+    input_bytes_per_batch: float
+    output_bytes_per_batch: float
+    """Bytes per iteration the chosen split ships (the input's when split is 0)."""
+    budget_bytes: float
+    candidates: tuple[int, ...]
+
+
+def choose_split_index(
+    profile: ProfileLike,
+    input_bytes_per_sample: float,
+    batch_size: int,
+    bandwidth_bytes_per_s: float,
+    freeze_index: int,
+    *,
+    wire_bytes_per_element: int = 4,
+) -> SplitDecision:
+    """The split index for one training run; see the module docstring for the rule."""
+    n = len(profile.layers)
+    if not 0 <= freeze_index <= n:
+        raise ConfigurationError(f"freeze index {freeze_index} out of range [0, {n}]")
+    if batch_size < 1:
+        raise ConfigurationError(f"batch size must be >= 1, got {batch_size}")
+    if input_bytes_per_sample <= 0:
+        raise ConfigurationError("input bytes per sample must be positive")
+    if bandwidth_bytes_per_s <= 0:
+        raise ConfigurationError("bandwidth must be positive")
+    scale = wire_bytes_per_element / 4  # profiles count float32 bytes
+    input_size = input_bytes_per_sample * batch_size
+    budget = bandwidth_bytes_per_s * 1.0
+
+    def out(s: int) -> float:
+        return profile.layers[s - 1].output_bytes_per_sample * scale * batch_size
+
+    candidates = tuple(s for s in range(1, freeze_index + 1) if out(s) < input_size)
+    if not candidates:
+        decision = SplitDecision(
+            0,
+            f"no layer up to the freeze index {freeze_index} outputs less than the stored input "
+            f"({input_size / 1e6:.2f} MB per batch): stream raw samples (split 0)",
+            input_size, input_size, budget, candidates,
+        )
+    else:
+        winner = next((s for s in candidates if out(s) < budget), None)
+        if winner is None:
+            decision = SplitDecision(
+                freeze_index,
+                f"no candidate fits the {budget / 1e6:.2f} MB that one second of bandwidth carries: "
+                f"split at the freeze index {freeze_index} ({out(freeze_index) / 1e6:.2f} MB per batch)",
+                input_size, out(freeze_index), budget, candidates,
+            )
+        else:
+            decision = SplitDecision(
+                winner,
+                f"earliest layer whose output ({out(winner) / 1e6:.2f} MB per batch) is below both the "
+                f"stored input ({input_size / 1e6:.2f} MB) and one second of bandwidth ({budget / 1e6:.2f} MB)",
+                input_size, out(winner), budget, candidates,
+            )
+    log.info("split index %d: %s", decision.split_index, decision.reason)
+    return decision

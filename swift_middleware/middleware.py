@@ -1,0 +1,183 @@
+"""``hapi``: a Swift proxy filter that serves HAPI feature extraction under Swift's own auth.
+
+A HAPI request is a ``POST`` to the shard's object URL with ``X-Hapi-Request: extract`` (or the
+content type ``application/x-hapi-request+json``) and the ``ExtractRequest`` JSON as its body
+(``container`` and ``shard`` may be left out: the URL names them). The filter
+
+1. checks the envelope (method, object URL, body size, a JSON object whose names match the
+   URL) and answers 4xx with a JSON ``{"detail", "code"}`` body when it is malformed;
+2. authorises a read of the object *as the caller*: a HEAD subrequest through the rest of the
+   pipeline, so tempauth or keystone and the container ACLs decide; their 401/403/404 is
+   passed on;
+3. runs the request: ``execution = decoupled`` forwards it with the caller's token to one of
+   ``hapi_servers`` (round-robin, skipping those whose ``/healthz`` failed) and streams the
+   answer back as it arrives (503 when none is up); ``execution = in_proxy`` runs the
+   extraction in this process's thread pool (see :mod:`swift_middleware.in_proxy`).
+
+Every other request passes through untouched. The filter never forwards a HAPI request down
+the pipeline, so it never writes object metadata (an object POST would replace all of it).
+``/info`` lists it under ``hapi``.
+
+Put it after the auth filter::
+
+    [pipeline:main]
+    pipeline = catch_errors gatekeeper healthcheck proxy-logging cache listing_formats
+               tempauth hapi copy dlo slo proxy-logging proxy-server
+
+    [filter:hapi]
+    use = egg:hapi#hapi
+
+==========================  ===========  ======================================================
+Option                      Default      Meaning
+==========================  ===========  ======================================================
+execution                   decoupled    ``decoupled`` (HAPI servers) or ``in_proxy``
+hapi_servers                (required)   HAPI server base URLs, comma or space separated
+                                         (decoupled only)
+swift_url                   request URL  this Swift's base URL as the HAPI servers reach it;
+                                         sent to them as ``X-Storage-Url`` + ``/v1/<account>``
+max_body_bytes              1048576      largest HAPI request body
+health_check_interval       5            seconds a ``/healthz`` result is trusted
+health_timeout              2            seconds for one ``/healthz`` check
+conn_timeout                5            seconds to connect to a HAPI server
+node_timeout                600          seconds to wait for each read from a HAPI server
+retry_after                 5            ``Retry-After`` of the 503 when no server is up
+device                      auto         in_proxy: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``
+torch_threads               torch's      in_proxy: torch intra-op threads
+max_concurrent              2            in_proxy: extractions running at once (others wait)
+max_batch                   256          in_proxy: cap on the COS batch (``b_max``)
+max_object_bytes            1 GiB        in_proxy: largest shard
+max_weights_bytes           2 GiB        in_proxy: largest weights object
+max_image_pixels            40000000     in_proxy: largest image
+max_samples_per_request     10000        in_proxy: most samples in a shard
+model_cache_size            2            in_proxy: verified models kept loaded
+==========================  ===========  ======================================================
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+from urllib.parse import quote
+
+from swift.common.registry import register_swift_info
+from swift.common.swob import Request, Response
+
+from swift_middleware.config import Execution, FilterConfig
+from swift_middleware.errors import HapiResponseError
+from swift_middleware.hapi_request import (
+    CONTENT_TYPE_HAPI_REQUEST,
+    HEADER_HAPI_REQUEST,
+    OPERATIONS,
+    HapiRequest,
+    is_hapi_request,
+    parse_hapi_request,
+)
+from swift_middleware.in_proxy import CONTENT_TYPE_FRAMES, InProxyExtractor
+from swift_middleware.swift_access import WsgiApp, authorize_read
+from swift_middleware.upstream import ServerPool, forward
+
+__all__ = ["HapiMiddleware", "filter_factory", "json_error"]
+
+logger = logging.getLogger(__name__)
+
+
+def json_error(exc: HapiResponseError) -> Response:
+    """The response for ``exc``: its status and headers, body ``{"detail": ..., "code": ...}``."""
+    body = json.dumps({"detail": exc.detail, "code": exc.code}).encode()
+    return Response(
+        status=exc.status, body=body, content_type="application/json", headers=exc.headers
+    )
+
+
+class HapiMiddleware:
+    """The WSGI filter; see the module docstring. ``app`` is the rest of the proxy pipeline."""
+
+    def __init__(self, app: WsgiApp, config: FilterConfig) -> None:
+        self.app = app
+        self.config = config
+        self.pool: ServerPool | None = None
+        self.in_proxy: InProxyExtractor | None = None
+        if config.execution is Execution.IN_PROXY:
+            self.in_proxy = InProxyExtractor(config, app)
+        else:
+            self.pool = ServerPool(
+                config.hapi_servers,
+                interval=config.health_check_interval,
+                timeout=config.health_timeout,
+            )
+
+    def __call__(
+        self, env: dict[str, Any], start_response: Callable[..., Any]
+    ) -> Iterable[bytes]:
+        req = Request(env)
+        if not is_hapi_request(req):
+            return self.app(env, start_response)
+        try:
+            resp = self.handle(req)
+        except HapiResponseError as exc:
+            logger.info("HAPI request %s %s refused: %s %s", req.method, req.path, exc.status,
+                        exc.detail)
+            resp = json_error(exc)
+        return resp(env, start_response)
+
+    def handle(self, req: Request) -> Response:
+        """Check, authorise and run one HAPI request; HapiResponseError for a refusal."""
+        hapi = parse_hapi_request(req, self.config.max_body_bytes)
+        authorize_read(req.environ, self.app, hapi.object_path, f"{hapi.container}/{hapi.obj}")
+        if self.in_proxy is not None:
+            return self.in_proxy.handle(req, hapi)
+        return self._forward(req, hapi)
+
+    def _forward(self, req: Request, hapi: HapiRequest) -> Response:
+        assert self.pool is not None
+        base = self.config.swift_url or req.host_url
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": f"{CONTENT_TYPE_FRAMES}, application/json",
+            "X-Storage-Url": f"{base}/v1/{quote(hapi.account, safe='')}",
+        }
+        token = req.headers.get("X-Auth-Token") or req.headers.get("X-Storage-Token")
+        if token:
+            headers["X-Auth-Token"] = token
+        trans_id = req.environ.get("swift.trans_id")
+        if trans_id:
+            headers["X-Trans-Id"] = str(trans_id)
+        upstream = forward(
+            self.pool,
+            hapi.body_bytes(),
+            headers,
+            conn_timeout=self.config.conn_timeout,
+            node_timeout=self.config.node_timeout,
+            retry_after=self.config.retry_after,
+        )
+        logger.debug("HAPI %s -> %s: %d", req.path, upstream.server, upstream.status)
+        # eventlet.wsgi buffers writes below 4 KiB; frames should leave as they arrive.
+        req.environ["eventlet.minimum_write_chunk_size"] = 0
+        return Response(
+            status=f"{upstream.status} {upstream.reason}",
+            headers=[*upstream.headers, ("X-Hapi-Execution", "decoupled")],
+            app_iter=upstream.body,
+        )
+
+
+def filter_factory(global_conf: dict[str, Any], **local_conf: Any) -> Callable[[WsgiApp], Any]:
+    """Paste entry point (``use = egg:hapi#hapi``); checks the options at proxy start."""
+    config = FilterConfig.from_conf(local_conf)
+    register_swift_info(
+        "hapi",
+        execution=config.execution.value,
+        operations=list(OPERATIONS),
+        request_header=HEADER_HAPI_REQUEST,
+        request_content_type=CONTENT_TYPE_HAPI_REQUEST,
+        response_content_type=CONTENT_TYPE_FRAMES,
+        max_body_bytes=config.max_body_bytes,
+    )
+    if config.hapi_servers:
+        register_swift_info("hapi", admin=True, hapi_servers=config.hapi_servers)
+
+    def hapi_filter(app: WsgiApp) -> HapiMiddleware:
+        return HapiMiddleware(app, config)
+
+    return hapi_filter

@@ -1,0 +1,81 @@
+"""Reading Swift objects as the caller, through the rest of the proxy pipeline.
+
+``make_subrequest`` copies the caller's identity (``swift.authorize``, ``REMOTE_USER``, the
+keystone headers) into the subrequest, so the auth middleware and the container ACLs decide
+exactly as they would for the caller's own GET. Nothing here is pre-authorised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from swift.common.http import is_success
+from swift.common.swob import Response
+from swift.common.utils import close_if_possible, drain_and_close
+from swift.common.wsgi import make_subrequest
+
+from swift_middleware.errors import BadHapiRequestError, SwiftDeniedError
+
+__all__ = ["SWIFT_SOURCE", "WsgiApp", "authorize_read", "read_object"]
+
+SWIFT_SOURCE = "HAPI"
+"""How the proxy log marks the filter's subrequests."""
+
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+_CODES = {401: "unauthorized", 403: "forbidden", 404: "not_found"}
+
+
+def _refusal(resp: Response, what: str) -> SwiftDeniedError:
+    status = resp.status_int
+    code = _CODES.get(status, "swift_error")
+    if status == 401:
+        detail = f"Swift refused the token for {what} (401): send a valid X-Auth-Token"
+    elif status == 403:
+        detail = f"no read access to {what} (Swift says 403)"
+    elif status == 404:
+        detail = f"{what} not found in Swift (404)"
+    else:
+        detail = f"Swift answered {status} for a read of {what}"
+    headers = {}
+    if "Www-Authenticate" in resp.headers:
+        headers["Www-Authenticate"] = resp.headers["Www-Authenticate"]
+    # Swift's status is passed on as it is, so that clients see the same 401/403/404 as a GET.
+    return SwiftDeniedError(detail, status=status, code=code, headers=headers)
+
+
+def authorize_read(env: dict[str, Any], app: WsgiApp, path: str, what: str) -> str:
+    """HEAD ``path`` as the caller; its etag when allowed, else SwiftDeniedError."""
+    sub = make_subrequest(env, method="HEAD", path=path, swift_source=SWIFT_SOURCE)
+    resp = sub.get_response(app)
+    drain_and_close(resp)
+    if not is_success(resp.status_int):
+        raise _refusal(resp, what)
+    return str(resp.headers.get("Etag", "")).strip('"')
+
+
+def read_object(
+    env: dict[str, Any], app: WsgiApp, path: str, what: str, *, limit: int
+) -> tuple[bytes, str]:
+    """GET ``path`` as the caller: ``(body, etag)``; at most ``limit`` bytes or a 413."""
+    sub = make_subrequest(env, method="GET", path=path, swift_source=SWIFT_SOURCE)
+    resp = sub.get_response(app)
+    if not is_success(resp.status_int):
+        drain_and_close(resp)
+        raise _refusal(resp, what)
+    too_large = BadHapiRequestError(
+        f"{what} is over the limit of {limit} bytes", status=413, code="too_large"
+    )
+    if resp.content_length is not None and resp.content_length > limit:
+        close_if_possible(resp.app_iter)
+        raise too_large
+    buf = bytearray()
+    try:
+        for chunk in resp.app_iter:
+            buf += chunk
+            if len(buf) > limit:
+                raise too_large
+    finally:
+        close_if_possible(resp.app_iter)
+    return bytes(buf), str(resp.headers.get("Etag", "")).strip('"')

@@ -1,0 +1,68 @@
+"""The split choice of DESIGN.md on real profiles (thesis Table 5.3 and Figure 5.12 in direction)."""
+
+from __future__ import annotations
+
+import pytest
+
+import hapi_models
+from hapi_client import ConfigurationError, choose_split_index
+
+MBIT = 1e6 / 8
+JPEG = 110_000  # ImageNet-sized stored JPEG, bytes per sample
+
+
+@pytest.fixture(scope="module")
+def alexnet_profile() -> hapi_models.ModelProfile:
+    return hapi_models.profile(hapi_models.get_model("alexnet", num_classes=1000))
+
+
+def test_alexnet_follows_table_5_3(alexnet_profile: hapi_models.ModelProfile) -> None:
+    splits = [
+        choose_split_index(alexnet_profile, JPEG, 1000, mbit * MBIT, 17).split_index
+        for mbit in (50, 100, 500, 1000, 5000, 15000)
+    ]
+    assert splits[0] == 17  # limited bandwidth: the freeze index
+    assert all(s <= 17 for s in splits)
+    assert splits == sorted(splits, reverse=True)  # earlier splits as bandwidth grows
+    assert splits[-1] < 17
+
+
+def test_larger_batch_never_moves_the_split_earlier(alexnet_profile: hapi_models.ModelProfile) -> None:
+    for mbit in (100, 1000, 10000):
+        splits = [
+            choose_split_index(alexnet_profile, JPEG, b, mbit * MBIT, 17).split_index
+            for b in (100, 500, 1000, 2000, 4000, 8000)
+        ]
+        assert splits == sorted(splits), (mbit, splits)
+
+
+def test_earliest_candidate_below_budget(alexnet_profile: hapi_models.ModelProfile) -> None:
+    d = choose_split_index(alexnet_profile, JPEG, 100, 1e12, 17)
+    outs = [layer.output_bytes_per_sample for layer in alexnet_profile.layers]
+    first = next(s for s in range(1, 18) if outs[s - 1] < JPEG)
+    assert d.split_index == first
+    assert d.output_bytes_per_batch == outs[first - 1] * 100
+
+
+def test_tiny_stored_images_push_nothing_down() -> None:
+    """Fashion-MNIST's PNGs (~300 B) are smaller than any layer output: split 0."""
+    prof = hapi_models.profile(hapi_models.get_model("efficientnet_lite0", num_classes=10))
+    d = choose_split_index(prof, 300, 64, 100 * MBIT, 18)
+    assert d.split_index == 0 and "split 0" in d.reason
+
+
+def test_wire_dtype_halves_sizes(alexnet_profile: hapi_models.ModelProfile) -> None:
+    f32 = choose_split_index(alexnet_profile, JPEG, 1000, 1000 * MBIT, 17)
+    f16 = choose_split_index(alexnet_profile, JPEG, 1000, 1000 * MBIT, 17, wire_bytes_per_element=2)
+    assert f16.split_index <= f32.split_index
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"freeze_index": 30}, "freeze"), ({"batch_size": 0}, "batch"), ({"bandwidth_bytes_per_s": 0}, "bandwidth")],
+)
+def test_bad_arguments(alexnet_profile: hapi_models.ModelProfile, kwargs: dict[str, float], match: str) -> None:
+    args = {"input_bytes_per_sample": JPEG, "batch_size": 10, "bandwidth_bytes_per_s": 1e6, "freeze_index": 17}
+    args.update(kwargs)
+    with pytest.raises(ConfigurationError, match=match):
+        choose_split_index(alexnet_profile, **args)  # type: ignore[arg-type]

@@ -1,0 +1,148 @@
+"""Helpers of the filter tests: filtered proxies, the test data, a frame-stream reader."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from hapi_contract import BatchFrame, EndFrame, FrameDecoder
+from hapi_stack import RunningStack, render_proxy_conf
+from tests.hapi_server.conftest import free_port
+
+MW_DATA = "hapi-mw-data"
+MW_MODELS = "hapi-mw-models"
+SHARD = "shards/shard-000000.tar"
+SHARD_META = {"X-Object-Meta-Source": "hapi-mw-test", "X-Object-Meta-Colour": "blue"}
+IMAGE_SIDE = 48
+HAPI = {"X-Hapi-Request": "extract"}
+
+@dataclass
+class ProxyProcess:
+    """A Swift proxy with the filter; ``url`` is its base URL."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def account_url(self, account: str = "AUTH_test") -> str:
+        return f"{self.url}/v1/{account}"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+
+def start_proxy(stack: RunningStack, work_dir: Path, options: dict[str, str]) -> ProxyProcess:
+    """A proxy like the stack's, on a free port, with ``[filter:hapi]`` holding ``options``."""
+    port = free_port()
+    config = stack.config.model_copy(
+        update={
+            "proxy_port": port,
+            "proxy_extra_pipeline": ["hapi"],
+            "proxy_extra_filters": {"hapi": options},
+        }
+    )
+    conf = work_dir / f"proxy-{port}.conf"
+    conf.write_text(render_proxy_conf(config))
+    log = work_dir / f"proxy-{port}.log"
+    program = Path(sys.executable).parent / "swift-proxy-server"
+    proc = subprocess.Popen(  # noqa: S603
+        [str(program), str(conf), "-v"], stdout=log.open("wb"), stderr=subprocess.STDOUT
+    )
+    proxy = ProxyProcess(f"http://127.0.0.1:{port}", proc, log)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"proxy exited with {proc.returncode}:\n{proxy.log_tail()}")
+        try:
+            if httpx.get(f"{proxy.url}/healthcheck", timeout=2).status_code == 200:
+                return proxy
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)  # polling a condition with a deadline
+    proxy.stop()
+    raise RuntimeError(f"proxy did not become healthy:\n{proxy.log_tail()}")
+
+
+@dataclass
+class MwData:
+    """The filter tests' own containers (ACL changes stay out of other tests' data)."""
+
+    token: str
+    other_token: str
+    images: list[bytes]
+    labels: list[int]
+    weights: dict[str, tuple[str, str]]
+    """arch -> (object, sha256)"""
+
+    def body(
+        self, arch: str, split: int, *, side: int = IMAGE_SIDE, **extra: Any
+    ) -> dict[str, Any]:
+        """An ExtractRequest body without container and shard (the URL names them)."""
+        obj, sha = self.weights[arch]
+        body: dict[str, Any] = {
+            "model": {
+                "arch": arch,
+                "num_classes": 3,
+                "weights": {"container": MW_MODELS, "object": obj, "sha256": sha},
+            },
+            "split_index": split,
+            "transform": {
+                "resize": side,
+                "crop": side,
+                "mean": [0.485, 0.456, 0.406],
+                "std": [0.229, 0.224, 0.225],
+            },
+            "b_max": 4,
+        }
+        body.update(extra)
+        return body
+
+    def headers(self, token: str | None = None) -> dict[str, str]:
+        return {**HAPI, "X-Auth-Token": token or self.token}
+
+
+@dataclass
+class Extraction:
+    status: int
+    headers: httpx.Headers
+    frames: list[BatchFrame]
+    end: EndFrame | None
+    body: bytes
+
+    def features(self) -> torch.Tensor:
+        return torch.cat([f.features for f in self.frames])
+
+    def labels(self) -> list[int]:
+        return torch.cat([f.labels for f in self.frames]).tolist()
+
+
+def extract(url: str, body: object, headers: dict[str, str], **kwargs: Any) -> Extraction:
+    """POST a HAPI request and decode the frame stream (or keep the error body)."""
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=180, **kwargs) as resp:
+        if resp.status_code != 200:
+            return Extraction(resp.status_code, resp.headers, [], None, resp.read())
+        decoder = FrameDecoder()
+        frames: list[BatchFrame] = []
+        for chunk in resp.iter_bytes():
+            frames += [f for f in decoder.feed(chunk) if isinstance(f, BatchFrame)]
+        return Extraction(resp.status_code, resp.headers, frames, decoder.close(), b"")
+
+
+def shard_url(proxy: ProxyProcess, container: str = MW_DATA, obj: str = SHARD) -> str:
+    return f"{proxy.account_url()}/{container}/{obj}"

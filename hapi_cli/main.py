@@ -22,7 +22,12 @@ from types import ModuleType
 __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 
 #: Modules that provide subcommands; those not written yet are skipped.
-COMMAND_MODULES = ["hapi_cli.stack_cmd", "hapi_cli.upload_cmd"]
+COMMAND_MODULES = [
+    "hapi_cli.stack_cmd",
+    "hapi_cli.upload_cmd",
+    "hapi_cli.model_cmd",
+    "hapi_cli.finetune_cmd",
+]
 
 _PROJECT_PACKAGES = ("hapi_", "swift_middleware")
 

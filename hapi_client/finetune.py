@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -178,6 +179,7 @@ def run_finetune(
     b_max: int | None = None,
     cache_features: bool = True,
     transform: hapi_models.InputTransform | None = None,
+    image_size: int | None = None,
     prefetch: int | None = None,
     progress: bool = True,
     max_iterations: int | None = None,
@@ -196,6 +198,11 @@ def run_finetune(
 
     net = download_model(client.swift, stored)
     transform = transform or net.transform
+    if image_size is not None:
+        # Keep the model's resize/crop ratio and normalisation at another resolution.
+        transform = dataclasses.replace(
+            transform, resize=round(image_size * transform.resize / transform.crop), crop=image_size
+        )
     freeze = net.default_freeze_index if freeze_index is None else freeze_index
     if not 0 <= freeze < net.num_layers:
         raise ConfigurationError(f"freeze index {freeze} out of range [0, {net.num_layers - 1}] for {stored.arch}")
@@ -394,3 +401,41 @@ def _all_in_cos(
         )
     net.eval()
     return FinetuneResult(net, history, "all_in_cos", freeze, None, extra={"server": meta, "wall_seconds": seconds})
+
+
+def make_shard_loader(
+    client: Any,
+    manifest: DatasetManifest,
+    container: str,
+    *,
+    split: int,
+    transform: hapi_models.InputTransform,
+    stored: StoredModel | None = None,
+    profile_spec: Any = None,
+    b_max: int = 1000,
+    output_dtype: OutputDtype = OutputDtype.FLOAT32,
+    compression: Compression = Compression.NONE,
+    cache: FeatureCache | None = None,
+) -> ShardLoader:
+    """The shard loader :func:`run_finetune` uses, for other trainers (multi-worker fine-tuning).
+
+    Split 0 (or no ``stored`` model) downloads and decodes the raw shard (BASELINE); otherwise the
+    HAPI server returns the features of layer ``split``.
+    """
+    if split == 0 or stored is None:
+        return _raw_loader(client, manifest, container, transform)
+    return _hapi_loader(client, manifest, container, stored, split, transform, profile_spec, b_max,
+                        output_dtype, compression, cache)
+
+
+def decide_split(
+    prof: hapi_models.ModelProfile,
+    manifest: DatasetManifest,
+    batch_size: int,
+    bandwidth: float | None,
+    freeze: int,
+    output_dtype: OutputDtype,
+    split: int | str,
+) -> SplitDecision:
+    """The split :func:`run_finetune` would use (``split`` is ``"auto"``, ``"freeze"`` or an index)."""
+    return _decide(prof, manifest, batch_size, bandwidth, freeze, output_dtype, split)

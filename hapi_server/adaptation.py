@@ -86,7 +86,7 @@ class DeviceScheduler:
         if not self.settings.adaptation:
             return self._admit(demand, demand.b_max)
         try:
-            check_feasible_alone(demand, self.capacity_bytes - pinned_bytes)
+            check_feasible_alone(demand, max(0, self.capacity_bytes - pinned_bytes))
         except InfeasibleRequestError as exc:
             weights = (
                 f" (its model's weights hold {pinned_bytes} of the device's "
@@ -108,7 +108,7 @@ class DeviceScheduler:
         self._publish()
         self._kick()
         try:
-            batch = await asyncio.wait_for(
+            await asyncio.wait_for(
                 asyncio.shield(waiter.future), self.settings.request_timeout_s
             )
         except TimeoutError as exc:

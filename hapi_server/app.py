@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from http import HTTPStatus
 from typing import Annotated, Any
 
 import hapi_models
@@ -12,6 +13,7 @@ from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hapi_contract import (
     API_PREFIX,
@@ -23,6 +25,7 @@ from hapi_contract import (
 )
 
 from . import extraction, finetune
+from .body_limit import BodyLimitMiddleware
 from .errors import HapiServerError
 from .settings import ServerSettings, get_settings
 from .state import ServerState
@@ -74,16 +77,15 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
 
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next: Any) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None and (
-            not length.isdigit() or int(length) > settings.max_request_body_bytes
-        ):
-            return _error(
-                413, "too_large", f"request body over {settings.max_request_body_bytes} bytes"
-            )
-        return await call_next(request)
+    # Pure ASGI, not @app.middleware("http"): that one also re-pipes every streamed chunk, and
+    # it saw only Content-Length, so a chunked body of any size went through.
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_body_bytes)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Unknown paths (404), wrong methods (405)...: the same JSON shape as every other error.
+        code = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_").replace("-", "_")
+        return _error(exc.status_code, code, str(exc.detail), dict(exc.headers or {}) or None)
 
     @app.exception_handler(HapiServerError)
     async def hapi_error(_: Request, exc: HapiServerError) -> JSONResponse:

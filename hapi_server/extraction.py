@@ -118,7 +118,12 @@ def _check_images(images: list[bytes], max_pixels: int) -> None:
         try:
             with Image.open(io.BytesIO(data)) as img:
                 pixels = img.width * img.height
-        except (UnidentifiedImageError, OSError) as exc:
+        except UnidentifiedImageError as exc:
+            # PIL's message names an in-memory buffer object; say what it means instead.
+            raise InvalidShardError(
+                f"sample {i}: not a decodable image (unknown or corrupt image format)"
+            ) from exc
+        except OSError as exc:
             raise InvalidShardError(f"sample {i}: not a decodable image ({exc})") from exc
         if pixels > max_pixels:
             raise PayloadTooLargeError(
@@ -174,10 +179,10 @@ async def prepare(state: ServerState, caller: Caller, req: ExtractRequest) -> Pr
     loop = asyncio.get_running_loop()
     try:
         await loop.run_in_executor(state.executor, _check_images, images, settings.max_image_pixels)
-    except HapiServerError:
+    except HapiServerError as exc:
         model_task.cancel()
         await asyncio.gather(model_task, return_exceptions=True)
-        raise
+        raise type(exc)(f"shard {req.container}/{req.shard}: {exc.detail}") from exc
     entry = await model_task
     try:
         if req.profile is not None and req.profile.num_layers != spec.num_layers:

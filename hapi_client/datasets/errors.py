@@ -14,6 +14,8 @@ Errors of the shard/manifest format itself are ``hapi_contract.dataset.DatasetFo
 
 from __future__ import annotations
 
+from ..errors import HapiClientError
+
 __all__ = [
     "CorruptDatasetError",
     "DatasetError",
@@ -26,8 +28,8 @@ __all__ = [
 ]
 
 
-class DatasetError(Exception):
-    """Base class of every error raised by ``hapi_client.datasets``."""
+class DatasetError(HapiClientError):
+    """Base class of every error raised by ``hapi_client.datasets`` (part of the client's tree)."""
 
 
 class SourceError(DatasetError):

@@ -95,7 +95,7 @@ def post(
 
 def assert_error(resp: httpx.Response, status: int, code: str) -> ErrorBody:
     """The answer is ``status`` with a JSON ``{"detail", "code"}`` body of that ``code``."""
-    assert resp.status_code == status, (resp.status_code, resp.text)
+    assert resp.status_code == status, (resp.status_code, resp.content[:500])
     assert resp.headers["content-type"].startswith("application/json")
     body = ErrorBody.model_validate(resp.json())
     assert body.code == code, body

@@ -203,6 +203,13 @@ def test_invalid_schema_is_422(
         assert where in err.detail
 
 
+def test_unknown_path_and_method_get_the_same_json_shape(served: ServerProcess) -> None:
+    assert_error(httpx.get(f"{served.url}/v1/nope"), 404, "not_found")
+    err = assert_error(httpx.get(f"{served.url}/v1/extract"), 405, "method_not_allowed")
+    assert "POST" in httpx.get(f"{served.url}/v1/extract").headers["allow"]
+    assert err.detail
+
+
 def test_body_not_json_is_422(served: ServerProcess, dataset: Dataset) -> None:
     resp = httpx.post(
         f"{served.url}/v1/extract",

@@ -20,7 +20,7 @@ MW_DATA = "hapi-mw-data"
 MW_MODELS = "hapi-mw-models"
 SHARD = "shards/shard-000000.tar"
 SHARD_META = {"X-Object-Meta-Source": "hapi-mw-test", "X-Object-Meta-Colour": "blue"}
-IMAGE_SIDE = 48
+IMAGE_SIDE = 64  # alexnet needs at least 63 pixels
 HAPI = {"X-Hapi-Request": "extract"}
 
 @dataclass

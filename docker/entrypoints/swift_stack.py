@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Entry point of the Swift container: the native stack's own ``up``, kept in the foreground.
+
+It starts exactly what ``hapi stack up`` starts (memcached, the account, container, object and
+proxy servers; configs and rings from :mod:`hapi_stack`), with the ``hapi`` filter in the proxy
+pipeline, then waits. SIGTERM or SIGINT stops every service and exits 0; a service that dies
+stops the rest and exits 1, so the container restarts or shows as failed.
+
+Environment (every value is optional):
+
+``HAPI_STATE_DIR``           configs, rings, data and logs (default ``/srv/hapi``)
+``HAPI_STACK_<FIELD>``       a :class:`hapi_stack.StackConfig` field, e.g. ``HAPI_STACK_HOST``
+                             (default ``0.0.0.0``: reachable from the other containers) or
+                             ``HAPI_STACK_PROXY_PORT`` (default 8080)
+``HAPI_FILTER_<OPTION>``     an option of ``[filter:hapi]``, e.g. ``HAPI_FILTER_HAPI_SERVERS``,
+                             ``HAPI_FILTER_SWIFT_URL``, ``HAPI_FILTER_EXECUTION``. The filter is
+                             in the pipeline when any is set.
+``HAPI_CHECK_INTERVAL``      seconds between liveness checks (default 5)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from hapi_stack import (
+    HAPI_FILTER,
+    StackConfig,
+    StackError,
+    StackNotRunningError,
+    down,
+    running_stack,
+    up,
+)
+
+logger = logging.getLogger("hapi.swift-container")
+
+_STACK_PREFIX = "HAPI_STACK_"
+_FILTER_PREFIX = "HAPI_FILTER_"
+
+
+def config_from_env(env: Mapping[str, str]) -> StackConfig:
+    """The stack the container runs, from ``env`` (see the module docstring)."""
+    fields: dict[str, object] = {
+        "state_dir": Path(env.get("HAPI_STATE_DIR", "/srv/hapi")),
+        "host": "0.0.0.0",  # noqa: S104 - a container serves its network, not its loopback
+    }
+    for name, value in env.items():
+        if name.startswith(_STACK_PREFIX):
+            fields[name[len(_STACK_PREFIX) :].lower()] = value
+    options = {
+        name[len(_FILTER_PREFIX) :].lower(): value
+        for name, value in env.items()
+        if name.startswith(_FILTER_PREFIX) and value
+    }
+    if options:
+        fields["proxy_extra_pipeline"] = [HAPI_FILTER]
+        fields["proxy_extra_filters"] = {HAPI_FILTER: options}
+    return StackConfig.model_validate(fields)
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    config = config_from_env(os.environ)
+    interval = float(os.environ.get("HAPI_CHECK_INTERVAL", "5"))
+    # Blocked before anything starts, then waited for: no handler can race the loop below.
+    stop_signals = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+    try:
+        stack = up(config)
+    except StackError as exc:
+        logger.error("cannot start Swift: %s", exc)
+        return 1
+    logger.info(
+        "Swift is up at %s (auth %s, user test:tester / testing); logs in %s",
+        stack.proxy_url,
+        stack.auth_url,
+        stack.config.state_dir / "logs",
+    )
+    code = 0
+    try:
+        while True:
+            received = signal.sigtimedwait(stop_signals, interval)
+            if received is not None:
+                logger.info("got %s; stopping Swift", signal.Signals(received.si_signo).name)
+                break
+            try:
+                running_stack(stack.config)
+            except StackNotRunningError:
+                logger.error("a Swift service died; stopping the rest (logs in %s)",
+                             stack.config.state_dir / "logs")
+                code = 1
+                break
+    finally:
+        stopped = down(stack.config)
+        logger.info("stopped: %s", ", ".join(stopped) or "nothing")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

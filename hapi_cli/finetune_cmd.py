@@ -1,0 +1,129 @@
+"""``hapi finetune``: fine-tune a model stored in Swift on a dataset container, from the shell."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+from pathlib import Path
+
+import hapi_models
+from hapi_client import (
+    DEFAULT_AUTH_URL,
+    DEFAULT_ENDPOINT,
+    MODES,
+    HapiClient,
+    HapiClientError,
+    OptimizerConfig,
+    SwiftCredentials,
+)
+
+__all__ = ["ERRORS", "register", "format_table"]
+
+ERRORS: tuple[type[BaseException], ...] = (HapiClientError, hapi_models.HapiModelError)
+
+
+def _split(value: str) -> int | str:
+    if value in ("auto", "freeze"):
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError("--split is 'auto', 'freeze' or a layer index") from None
+
+
+def format_table(rows: list[dict[str, object]]) -> str:
+    if not rows:
+        return ""
+    cols = list(rows[0])
+    width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+    lines = ["  ".join(c.ljust(width[c]) for c in cols), "  ".join("-" * width[c] for c in cols)]
+    lines += ["  ".join(str(r[c]).ljust(width[c]) for c in cols) for r in rows]
+    return "\n".join(lines)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if getattr(args, "workers", 1) > 1:
+        from . import workers
+
+        return workers.run_from_args(args)
+    creds = SwiftCredentials(
+        args.auth_url or os.environ.get("ST_AUTH") or DEFAULT_AUTH_URL,
+        args.user or os.environ.get("ST_USER") or "test:tester",
+        args.key or os.environ.get("ST_KEY") or "testing",
+    )
+    bandwidth = args.bandwidth_mbit * 1e6 / 8 if args.bandwidth_mbit else None
+    throttle = args.throttle_mbit * 1e6 / 8 if args.throttle_mbit else None
+    with HapiClient(args.endpoint, creds, via=args.via, bandwidth_bytes_per_s=bandwidth,
+                    throttle_bytes_per_s=throttle) as client:
+        result = client.finetune(
+            model=args.model, container=args.container, eval_container=args.eval_container,
+            freeze_index=args.freeze_index, batch_size=args.batch_size, epochs=args.epochs,
+            optimizer=OptimizerConfig(args.optimizer, args.lr, args.momentum, args.weight_decay),
+            device=args.device, mode=args.mode, split=args.split, seed=args.seed,
+            output_dtype=args.dtype, compression=args.compression, image_size=args.image_size,
+            cache_features=not args.no_cache, progress=not args.quiet,
+        )
+    if result.split is not None:
+        print(f"split index {result.split.split_index} (freeze {result.freeze_index}): {result.split.reason}")
+    rows = [
+        {
+            "epoch": m.epoch, "mode": m.mode, "split": m.split_index, "loss": f"{m.loss:.4f}",
+            "train acc": f"{m.train_accuracy:.3f}",
+            "eval acc": "-" if m.eval_accuracy is None else f"{m.eval_accuracy:.3f}",
+            "seconds": f"{m.seconds:.1f}", "MB/iter": f"{m.bytes_per_iteration / 1e6:.2f}",
+            "samples/s": f"{m.samples_per_s:.1f}",
+        }
+        for m in result.history
+    ]
+    print(format_table(rows))
+    if args.save:
+        digest = hapi_models.save_weights(result.model, args.save)
+        print(f"weights saved to {args.save} (sha256 {digest})")
+    if args.metrics_json:
+        Path(args.metrics_json).write_text(result.to_json())
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "finetune",
+        help="fine-tune a model from Swift (hapi | baseline | all_in_cos)",
+        description="Fine-tune MODEL (a descriptor written by `hapi upload model`, e.g. models/efficientnet_lite0) "
+        "on the dataset in CONTAINER. In hapi mode the split is chosen from the measured bandwidth unless forced.",
+    )
+    p.add_argument("--model", required=True, help="CONTAINER/ARCH, e.g. models/efficientnet_lite0")
+    p.add_argument("--container", required=True, help="the training dataset container")
+    p.add_argument("--eval-container", help="a held-out dataset container to evaluate on after each epoch")
+    p.add_argument("--mode", choices=MODES, default="hapi")
+    p.add_argument("--split", type=_split, default="auto", help="auto (default), freeze, or a layer index")
+    p.add_argument("--freeze-index", type=int, help="default: the model's")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="sgd")
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--image-size", type=int, help="crop size (default: the model's, 224)")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
+    p.add_argument("--compression", choices=("none", "zstd"), default="none")
+    p.add_argument("--no-cache", action="store_true", help="re-extract features every epoch")
+    p.add_argument("--bandwidth-mbit", type=float, help="override the measured bandwidth")
+    p.add_argument("--throttle-mbit", type=float, help="limit this client's transfers (token bucket)")
+    p.add_argument("--endpoint", default=os.environ.get("HAPI_ENDPOINT", DEFAULT_ENDPOINT))
+    p.add_argument("--via", choices=("hapi", "swift"), default="hapi",
+                   help="talk to the HAPI server directly or through Swift's HAPI filter")
+    p.add_argument("--auth-url")
+    p.add_argument("--user")
+    p.add_argument("--key")
+    p.add_argument("--save", help="write the fine-tuned weights here (.safetensors)")
+    p.add_argument("--metrics-json", help="write the per-epoch metrics here")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--workers", type=int, default=1, help="multi-worker robust fine-tuning (torchrun)")
+    if importlib.util.find_spec("hapi_cli.workers") is not None:
+        from . import workers
+
+        workers.add_worker_arguments(p)
+    p.set_defaults(func=_run)

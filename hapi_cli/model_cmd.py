@@ -1,0 +1,50 @@
+"""``hapi upload model``: store a model's safetensors weights and descriptor in Swift."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import hapi_models
+from hapi_client import upload_model
+
+from .upload_cmd import add_upload_subcommand, connect
+
+__all__ = ["ERRORS", "register"]
+
+ERRORS: tuple[type[BaseException], ...] = (hapi_models.HapiModelError,)
+
+
+def _upload_model(args: argparse.Namespace) -> int:
+    hapi_models.get_spec(args.arch)  # an unknown name fails before connecting
+    conn = connect(args)
+    start = time.perf_counter()
+    try:
+        stored, uploaded = upload_model(
+            conn, args.arch, container=args.container, weights=args.weights, num_classes=args.num_classes,
+            seed=args.seed,
+        )
+    finally:
+        conn.close()
+    print(f"model {stored.name}: {stored.arch}, {stored.num_classes} classes, {stored.nbytes / 1e6:.1f} MB")
+    print(f"  object  {stored.container}/{stored.object}")
+    print(f"  sha256  {stored.sha256}")
+    print(f"  {'uploaded' if uploaded else 'already stored, nothing sent'} in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    del subparsers  # `model` hangs under `hapi upload`, created by hapi_cli.upload_cmd
+    parser = add_upload_subcommand(
+        "model",
+        help="model weights (safetensors) plus a descriptor",
+        description="Store ARCH's weights as CONTAINER/ARCH.safetensors with their sha256 and a "
+        "descriptor CONTAINER/ARCH.json. Without --weights: the packaged ImageNet weights where the "
+        "architecture has them (efficientnet_lite0), else a seeded random initialisation.",
+    )
+    parser.add_argument("--arch", required=True, help=f"one of: {', '.join(hapi_models.list_models())}")
+    parser.add_argument("--weights", help="a .safetensors file of your own")
+    parser.add_argument("--container", default="models", help="default: %(default)s")
+    parser.add_argument("--num-classes", type=int, help="classes of the stored head (default 1000)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of a random initialisation")
+    parser.set_defaults(func=_upload_model)

@@ -1,0 +1,68 @@
+"""Multi-worker, Byzantine-robust fine-tuning on torch.distributed (torchrun; gloo, NCCL on GPU).
+
+Each worker streams its own shards through HAPI (or the raw baseline) and computes gradients of
+the trainable tail; the trusted aggregator (rank 0, also worker 0) takes the fastest q of n
+gradients within a deadline, combines them with a :mod:`hapi_client.robust` rule and sends the
+result back; every worker applies it with the same optimizer, so the replicas stay identical.
+LB-BSP can move samples from slow to fast workers between rounds::
+
+    from hapi_client.distributed import DistributedConfig, launch
+
+    config = DistributedConfig(model="models/efficientnet_lite0", container="fmnist-train",
+                               eval_container="fmnist-test", aggregator="bulyan", f=1,
+                               attack="reverse", attackers=(6,), batch_size=70, epochs=5)
+    result = launch(7, config)                     # runs torchrun, returns rank 0's result
+    print(result.history[-1].eval_accuracy)
+
+Inside your own torchrun script, call :func:`distributed_finetune` on every rank instead.
+Modules: :mod:`.config`, :mod:`.schedule` (who trains on which samples), :mod:`.channel` and
+:mod:`.messages` (the gradient side channel), :mod:`.replica` (flat gradients, checksums),
+:mod:`.data` (per-worker shard store), :mod:`.trainer`, :mod:`.launcher`, :mod:`.errors`.
+"""
+
+from .channel import AggregatorChannel, GatherResult, WorkerChannel
+from .config import DistributedConfig
+from .errors import (
+    ChannelError,
+    DistributedConfigError,
+    DistributedError,
+    GatherTimeoutError,
+    LaunchError,
+    ReplicaDivergenceError,
+    ScheduleError,
+)
+from .launcher import launch, torchrun_command
+from .messages import GradientMessage, UpdateMessage
+from .replica import flat_gradient, set_flat_gradient, state_checksum, trainable_parameters
+from .schedule import EpochSchedule, Segment, assign_shards, round_totals, scale_sizes
+from .trainer import DistributedEpochMetrics, DistributedResult, distributed_finetune
+
+__all__ = [
+    "AggregatorChannel",
+    "ChannelError",
+    "DistributedConfig",
+    "DistributedConfigError",
+    "DistributedEpochMetrics",
+    "DistributedError",
+    "DistributedResult",
+    "EpochSchedule",
+    "GatherResult",
+    "GatherTimeoutError",
+    "GradientMessage",
+    "LaunchError",
+    "ReplicaDivergenceError",
+    "ScheduleError",
+    "Segment",
+    "UpdateMessage",
+    "WorkerChannel",
+    "assign_shards",
+    "distributed_finetune",
+    "flat_gradient",
+    "launch",
+    "round_totals",
+    "scale_sizes",
+    "set_flat_gradient",
+    "state_checksum",
+    "torchrun_command",
+    "trainable_parameters",
+]

@@ -1,0 +1,117 @@
+"""Start a multi-worker run from an ordinary process: torchrun as a subprocess.
+
+``launch(7, config)`` runs ``python -m torch.distributed.run --standalone --nproc-per-node 7
+-m hapi_client.distributed CONFIG.json`` on this machine, waits for it and returns rank 0's
+:class:`~.trainer.DistributedResult` (read back from the JSON it wrote). The CLI and the tests
+use it; on a cluster, run the same module under your own ``torchrun`` invocation instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from ..swift_session import SwiftCredentials
+from .config import DistributedConfig
+from .errors import DistributedConfigError, LaunchError
+from .trainer import DistributedResult
+
+__all__ = ["launch", "torchrun_command"]
+
+log = logging.getLogger(__name__)
+
+_GRACE_S = 20.0
+
+
+def torchrun_command(
+    nproc: int, config_path: str | Path, *, python: str = sys.executable, log_level: str = "warning",
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """The torchrun command line that :func:`launch` runs (single node, standalone rendezvous)."""
+    return [
+        python, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", str(nproc),
+        *extra_args, "-m", "hapi_client.distributed", str(config_path), "--log-level", log_level,
+    ]
+
+
+def _tail(path: Path, limit: int = 6000) -> str:
+    try:
+        return path.read_text(errors="replace")[-limit:]
+    except OSError:
+        return ""
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """Stop torchrun and its workers: they share the new session we started it in."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=_GRACE_S)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def launch(
+    nproc: int,
+    config: DistributedConfig,
+    *,
+    credentials: SwiftCredentials | None = None,
+    log_path: str | Path | None = None,
+    timeout_s: float | None = None,
+    env: Mapping[str, str] | None = None,
+    log_level: str = "warning",
+    python: str = sys.executable,
+) -> DistributedResult:
+    """Run ``config`` on ``nproc`` local workers under torchrun and return rank 0's result.
+
+    Credentials travel in ``ST_AUTH``/``ST_USER``/``ST_KEY`` (never in the config file).
+    ``log_path`` keeps torchrun's and the workers' output (else a temporary file, whose tail
+    is part of the :class:`LaunchError` on failure). ``timeout_s`` stops the whole run.
+    """
+    if nproc < 1:
+        raise DistributedConfigError(f"nproc must be >= 1, got {nproc}")
+    config.check_world(nproc)
+    with tempfile.TemporaryDirectory(prefix="hapi-dist-") as tmp:
+        results = Path(config.results_path) if config.results_path else Path(tmp) / "results.json"
+        results.unlink(missing_ok=True)
+        cfg_path = Path(tmp) / "config.json"
+        cfg_path.write_text(config.replace(results_path=str(results)).to_json())
+        log_file = Path(log_path) if log_path else Path(tmp) / "torchrun.log"
+        child_env = dict(os.environ if env is None else env)
+        child_env.setdefault("OMP_NUM_THREADS", str(config.threads or 1))
+        if credentials is not None:
+            child_env.update(ST_AUTH=credentials.auth_url, ST_USER=credentials.user, ST_KEY=credentials.key)
+        cmd = torchrun_command(nproc, cfg_path, python=python, log_level=log_level)
+        log.info("launching %d workers: %s", nproc, " ".join(cmd))
+        with log_file.open("wb") as out:
+            proc = subprocess.Popen(cmd, env=child_env, stdout=out, stderr=subprocess.STDOUT,  # noqa: S603
+                                    start_new_session=True)
+            try:
+                returncode = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                _stop_group(proc)
+                raise LaunchError(f"{nproc} workers did not finish within {timeout_s:.0f} s",
+                                  log_tail=_tail(log_file)) from None
+            except BaseException:
+                _stop_group(proc)
+                raise
+        if returncode != 0:
+            raise LaunchError(f"torchrun with {nproc} workers exited with status {returncode}",
+                              returncode=returncode, log_tail=_tail(log_file))
+        try:
+            data = json.loads(results.read_text())
+        except (OSError, ValueError) as exc:
+            raise LaunchError(f"the workers wrote no readable results to {results}: {exc}",
+                              log_tail=_tail(log_file)) from exc
+        return DistributedResult.from_dict(data)

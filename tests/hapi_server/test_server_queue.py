@@ -1,0 +1,162 @@
+"""Queue full (503 + Retry-After) and infeasible (507), deterministically, over real HTTP.
+
+The server's memory budget is computed from the same estimates it plans with, so that one
+request at b_min fills the device:
+
+* model efficientnet_lite0 (R = its resident weights), split 0 at 64 px, so one sample costs
+  d = 147456 bytes (input + output copy, see ``MemoryEstimator``), b_min = 25;
+* budget = framework reserve + R + 1.5 x b_min x d: request A (b_max 64) is planned at
+  floor(1.5 x 25) = 37 samples and leaves half a sample free, so nothing else fits;
+* A's client reads nothing: its shard has 600 samples (16 frames of 37 x 49152 bytes, about
+  29 MB at split 0), far more than the server's frame queue (4 frames) plus the socket
+  buffers hold, so A's stream stalls and A keeps its reservation;
+* request B then waits (``hapi_queue_depth{device="cpu"} 1.0``, polled with a deadline), so
+  with ``queue_limit=1`` request C gets 503 with Retry-After. Closing A releases its memory
+  and B completes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+
+import httpx
+import pytest
+import torch
+
+import hapi_models
+from hapi_server.estimates import MemoryEstimator
+from hapi_stack import RunningStack
+
+from .conftest import SIDE, Dataset, ServerProcess, make_images
+from .server_helpers import TIMEOUT, assert_error, extract, metric, post, put_shard, wait_for
+
+ARCH = "efficientnet_lite0"
+B_MIN = 25
+RESERVE = 1 << 20
+BIG_SHARD = "queue/big-600.tar"
+SMALL_SHARD = "shards/shard-000001.tar"  # 7 samples, from the session's dataset
+
+
+def weights_bytes(arch: str) -> int:
+    """What the server's weights cache counts for a loaded model (parameters + buffers)."""
+    with torch.device("meta"):
+        model = hapi_models.get_spec(arch).builder(3, False)
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+
+def per_sample(arch: str, side: int, split: int) -> int:
+    return MemoryEstimator().estimate(arch, 3, (3, side, side), split, "cpu").bytes_per_sample
+
+
+D = per_sample(ARCH, SIDE, 0)
+R = weights_bytes(ARCH)
+BUDGET = RESERVE + R + (3 * B_MIN * D) // 2
+CAPACITY = BUDGET - RESERVE  # what requests may use, resident weights included
+
+
+@pytest.fixture(scope="module")
+def tight_server(
+    server_factory: Callable[..., ServerProcess], swift_stack: RunningStack, dataset: Dataset
+) -> ServerProcess:
+    put_shard(swift_stack, BIG_SHARD, *make_images(600, seed=21))
+    return server_factory(
+        cpu_memory_budget_bytes=BUDGET,
+        framework_reserve_bytes=RESERVE,
+        b_min=B_MIN,
+        queue_limit=1,
+        retry_after_s=3,
+    )
+
+
+def small_request(dataset: Dataset, **extra: object) -> dict[str, object]:
+    return dataset.request(ARCH, SMALL_SHARD, 0, b_max=64, **extra)
+
+
+def assert_serves(server: ServerProcess, dataset: Dataset) -> None:
+    got = extract(server, dataset, small_request(dataset))
+    assert got.end.samples == 7 and got.labels == dataset.shards[SMALL_SHARD][1]
+
+
+@pytest.fixture
+def tight(tight_server: ServerProcess, dataset: Dataset) -> Iterator[ServerProcess]:
+    yield tight_server
+    assert_serves(tight_server, dataset)
+    assert metric(tight_server, "hapi_queue_depth", device="cpu") == 0
+
+
+def test_queue_full_is_503_with_retry_after(tight: ServerProcess, dataset: Dataset) -> None:
+    assert 16 * 2**20 <= BUDGET  # the smallest budget the server accepts
+    with ExitStack() as stack, ThreadPoolExecutor(1) as pool:
+        client_a = stack.enter_context(httpx.Client(timeout=TIMEOUT))
+        resp_a = stack.enter_context(
+            client_a.stream(
+                "POST",
+                f"{tight.url}/v1/extract",
+                json=dataset.request(ARCH, BIG_SHARD, 0, b_max=64),
+                headers=dataset.headers(),
+            )
+        )
+        # A is planned (its status line came) and holds 37 samples' worth; its body is unread.
+        assert resp_a.status_code == 200
+        assert int(resp_a.headers["x-hapi-cos-batch-size"]) == (CAPACITY - R) // D == 37
+        assert metric(tight, "hapi_planned_memory_bytes", device="cpu") == 37 * D
+
+        b = pool.submit(extract, tight, dataset, small_request(dataset))
+        wait_for(
+            lambda: metric(tight, "hapi_queue_depth", device="cpu") == 1.0 or b.done(),
+            "request B to wait in the queue",
+        )
+        assert not b.done(), b.result()
+
+        c = post(tight, small_request(dataset), dataset.headers())
+        err = assert_error(c, 503, "queue_full")
+        assert c.headers["retry-after"] == "3"
+        assert "queue_limit" in err.detail
+        # A still holds its memory and B still waits: the 503 was not a race with A's end.
+        assert metric(tight, "hapi_planned_memory_bytes", device="cpu") == 37 * D
+        assert metric(tight, "hapi_queue_depth", device="cpu") == 1.0
+
+        stack.close()  # A's client goes away mid-stream: the server releases A's memory
+        got_b = b.result(timeout=120)
+    assert got_b.end.samples == 7
+    assert got_b.labels == dataset.shards[SMALL_SHARD][1]
+    assert got_b.end.meta["server_ms"]["queued"] > 0
+    wait_for(
+        lambda: metric(tight, "hapi_planned_memory_bytes", device="cpu") == 0.0,
+        "all reservations to be released",
+    )
+
+
+def _numbers(detail: str) -> tuple[int, int]:
+    match = re.search(r"needs (\d+) bytes at its minimum COS batch .* at most (\d+) bytes", detail)
+    assert match, detail
+    return int(match.group(1)), int(match.group(2))
+
+
+def test_request_that_cannot_fit_alone_is_507_with_the_numbers(
+    tight: ServerProcess, dataset: Dataset
+) -> None:
+    # The same request at 224 px: 7 samples (its b_min is min(b_min, samples)) of 1.8 MB each.
+    transform = {**dataset.transform(), "resize": 224, "crop": 224}
+    body = small_request(dataset, transform=transform)
+    err = assert_error(post(tight, body, dataset.headers()), 507, "insufficient_memory")
+    needed, offered = _numbers(err.detail)
+    assert needed == 7 * per_sample(ARCH, 224, 0)
+    assert offered == CAPACITY - R  # usable memory minus this model's resident weights
+    health = httpx.get(f"{tight.url}/healthz", timeout=10).json()["devices"][0]
+    assert health["total_bytes"] == BUDGET and offered < health["total_bytes"]
+    assert str(R) in err.detail and "b_max" in err.detail
+
+
+def test_model_larger_than_the_device_is_507_not_a_wait(
+    tight: ServerProcess, dataset: Dataset
+) -> None:
+    """AlexNet's weights alone (228 MB) exceed this 19 MB device: refuse now, don't queue."""
+    body = dataset.request("alexnet", SMALL_SHARD, 3, b_max=64)
+    err = assert_error(post(tight, body, dataset.headers()), 507, "insufficient_memory")
+    needed, offered = _numbers(err.detail)
+    assert offered == 0 and needed == 7 * per_sample("alexnet", SIDE, 3)
+    assert str(weights_bytes("alexnet")) in err.detail

@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -78,6 +79,7 @@ class Testbed:
         self._free_ports = free_ports
         self._stack: StackInfo | None = None
         self._source: tuple[str, int] | None = None
+        self._rate_lock = threading.Lock()
         self.stack_config: dict[str, Any] = {}
 
     @property
@@ -135,7 +137,9 @@ class Testbed:
         return client
 
     def set_rate(self, mbit: float | None) -> None:
-        self.link.set_rate(mbit)
+        """Limit the link to ``mbit`` Mbit/s each way (None: unshaped); safe from any thread."""
+        with self._rate_lock:
+            self.link.set_rate(mbit)
 
     def measure_link(self, seconds: float = 1.0) -> LinkCheck:
         """Measure the storage-to-client rate with a short TCP transfer at the current setting."""

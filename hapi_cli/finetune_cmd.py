@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import hapi_models
+
 from hapi_client import (
     DEFAULT_AUTH_URL,
     DEFAULT_ENDPOINT,
@@ -54,24 +55,45 @@ def _run(args: argparse.Namespace) -> int:
     )
     bandwidth = args.bandwidth_mbit * 1e6 / 8 if args.bandwidth_mbit else None
     throttle = args.throttle_mbit * 1e6 / 8 if args.throttle_mbit else None
-    with HapiClient(args.endpoint, creds, via=args.via, bandwidth_bytes_per_s=bandwidth,
-                    throttle_bytes_per_s=throttle) as client:
+    with HapiClient(
+        args.endpoint,
+        creds,
+        via=args.via,
+        bandwidth_bytes_per_s=bandwidth,
+        throttle_bytes_per_s=throttle,
+    ) as client:
         result = client.finetune(
-            model=args.model, container=args.container, eval_container=args.eval_container,
-            freeze_index=args.freeze_index, batch_size=args.batch_size, epochs=args.epochs,
+            model=args.model,
+            container=args.container,
+            eval_container=args.eval_container,
+            freeze_index=args.freeze_index,
+            batch_size=args.batch_size,
+            epochs=args.epochs,
             optimizer=OptimizerConfig(args.optimizer, args.lr, args.momentum, args.weight_decay),
-            device=args.device, mode=args.mode, split=args.split, seed=args.seed,
-            output_dtype=args.dtype, compression=args.compression, image_size=args.image_size,
-            cache_features=not args.no_cache, progress=not args.quiet,
+            device=args.device,
+            mode=args.mode,
+            split=args.split,
+            seed=args.seed,
+            output_dtype=args.dtype,
+            compression=args.compression,
+            image_size=args.image_size,
+            cache_features=not args.no_cache,
+            progress=not args.quiet,
         )
     if result.split is not None:
-        print(f"split index {result.split.split_index} (freeze {result.freeze_index}): {result.split.reason}")
+        print(
+            f"split index {result.split.split_index} (freeze {result.freeze_index}): {result.split.reason}"
+        )
     rows = [
         {
-            "epoch": m.epoch, "mode": m.mode, "split": m.split_index, "loss": f"{m.loss:.4f}",
+            "epoch": m.epoch,
+            "mode": m.mode,
+            "split": m.split_index,
+            "loss": f"{m.loss:.4f}",
             "train acc": f"{m.train_accuracy:.3f}",
             "eval acc": "-" if m.eval_accuracy is None else f"{m.eval_accuracy:.3f}",
-            "seconds": f"{m.seconds:.1f}", "MB/iter": f"{m.bytes_per_iteration / 1e6:.2f}",
+            "seconds": f"{m.seconds:.1f}",
+            "MB/iter": f"{m.bytes_per_iteration / 1e6:.2f}",
             "samples/s": f"{m.samples_per_s:.1f}",
         }
         for m in result.history
@@ -94,9 +116,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--model", required=True, help="CONTAINER/ARCH, e.g. models/efficientnet_lite0")
     p.add_argument("--container", required=True, help="the training dataset container")
-    p.add_argument("--eval-container", help="a held-out dataset container to evaluate on after each epoch")
+    p.add_argument(
+        "--eval-container", help="a held-out dataset container to evaluate on after each epoch"
+    )
     p.add_argument("--mode", choices=MODES, default="hapi")
-    p.add_argument("--split", type=_split, default="auto", help="auto (default), freeze, or a layer index")
+    p.add_argument(
+        "--split", type=_split, default="auto", help="auto (default), freeze, or a layer index"
+    )
     p.add_argument("--freeze-index", type=int, help="default: the model's")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--epochs", type=int, default=1)
@@ -111,17 +137,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--compression", choices=("none", "zstd"), default="none")
     p.add_argument("--no-cache", action="store_true", help="re-extract features every epoch")
     p.add_argument("--bandwidth-mbit", type=float, help="override the measured bandwidth")
-    p.add_argument("--throttle-mbit", type=float, help="limit this client's transfers (token bucket)")
+    p.add_argument(
+        "--throttle-mbit", type=float, help="limit this client's transfers (token bucket)"
+    )
     p.add_argument("--endpoint", default=os.environ.get("HAPI_ENDPOINT", DEFAULT_ENDPOINT))
-    p.add_argument("--via", choices=("hapi", "swift"), default="hapi",
-                   help="talk to the HAPI server directly or through Swift's HAPI filter")
+    p.add_argument(
+        "--via",
+        choices=("hapi", "swift"),
+        default="hapi",
+        help="talk to the HAPI server directly or through Swift's HAPI filter",
+    )
     p.add_argument("--auth-url")
     p.add_argument("--user")
     p.add_argument("--key")
     p.add_argument("--save", help="write the fine-tuned weights here (.safetensors)")
     p.add_argument("--metrics-json", help="write the per-epoch metrics here")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("--workers", type=int, default=1, help="multi-worker robust fine-tuning (torchrun)")
+    p.add_argument(
+        "--workers", type=int, default=1, help="multi-worker robust fine-tuning (torchrun)"
+    )
     if importlib.util.find_spec("hapi_cli.workers") is not None:
         from . import workers
 

@@ -27,6 +27,8 @@ COMMAND_MODULES = [
     "hapi_cli.upload_cmd",
     "hapi_cli.model_cmd",
     "hapi_cli.finetune_cmd",
+    "hapi_cli.demo_cmd",
+    "hapi_cli.bench_cmd",
 ]
 
 _PROJECT_PACKAGES = ("hapi_", "swift_middleware")

@@ -6,6 +6,7 @@ import argparse
 import time
 
 import hapi_models
+
 from hapi_client import upload_model
 
 from .upload_cmd import add_upload_subcommand, connect
@@ -21,15 +22,23 @@ def _upload_model(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         stored, uploaded = upload_model(
-            conn, args.arch, container=args.container, weights=args.weights, num_classes=args.num_classes,
+            conn,
+            args.arch,
+            container=args.container,
+            weights=args.weights,
+            num_classes=args.num_classes,
             seed=args.seed,
         )
     finally:
         conn.close()
-    print(f"model {stored.name}: {stored.arch}, {stored.num_classes} classes, {stored.nbytes / 1e6:.1f} MB")
+    print(
+        f"model {stored.name}: {stored.arch}, {stored.num_classes} classes, {stored.nbytes / 1e6:.1f} MB"
+    )
     print(f"  object  {stored.container}/{stored.object}")
     print(f"  sha256  {stored.sha256}")
-    print(f"  {'uploaded' if uploaded else 'already stored, nothing sent'} in {time.perf_counter() - start:.1f} s")
+    print(
+        f"  {'uploaded' if uploaded else 'already stored, nothing sent'} in {time.perf_counter() - start:.1f} s"
+    )
     return 0
 
 
@@ -42,7 +51,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "descriptor CONTAINER/ARCH.json. Without --weights: the packaged ImageNet weights where the "
         "architecture has them (efficientnet_lite0), else a seeded random initialisation.",
     )
-    parser.add_argument("--arch", required=True, help=f"one of: {', '.join(hapi_models.list_models())}")
+    parser.add_argument(
+        "--arch", required=True, help=f"one of: {', '.join(hapi_models.list_models())}"
+    )
     parser.add_argument("--weights", help="a .safetensors file of your own")
     parser.add_argument("--container", default="models", help="default: %(default)s")
     parser.add_argument("--num-classes", type=int, help="classes of the stored head (default 1000)")

@@ -43,8 +43,13 @@ class HapiClient:
         self.throttle = TokenBucket(throttle_bytes_per_s) if throttle_bytes_per_s else None
         self.swift = SwiftSession(self.credentials, self.bandwidth, self.throttle)
         self.transport = HapiTransport(
-            endpoint, self.swift, via=via, timeout_s=timeout_s, retry=retry,
-            bandwidth=self.bandwidth, throttle=self.throttle,
+            endpoint,
+            self.swift,
+            via=via,
+            timeout_s=timeout_s,
+            retry=retry,
+            bandwidth=self.bandwidth,
+            throttle=self.throttle,
         )
 
     def manifest(self, container: str) -> DatasetManifest:
@@ -64,6 +69,9 @@ class HapiClient:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.close()

@@ -14,15 +14,16 @@ import json
 import logging
 import math
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+import hapi_models
 import torch
 from torch import nn
 from tqdm import tqdm
 
-import hapi_models
 from hapi_contract import (
     Compression,
     DatasetManifest,
@@ -102,7 +103,9 @@ class _Run:
         self.__dict__.update(opts)
 
 
-def _raw_loader(client: Any, manifest: DatasetManifest, container: str, transform: hapi_models.InputTransform) -> ShardLoader:
+def _raw_loader(
+    client: Any, manifest: DatasetManifest, container: str, transform: hapi_models.InputTransform
+) -> ShardLoader:
     """BASELINE (and split 0): download the stored shard and decode it locally."""
 
     def load(k: int) -> LoadedShard:
@@ -205,13 +208,30 @@ def run_finetune(
         )
     freeze = net.default_freeze_index if freeze_index is None else freeze_index
     if not 0 <= freeze < net.num_layers:
-        raise ConfigurationError(f"freeze index {freeze} out of range [0, {net.num_layers - 1}] for {stored.arch}")
+        raise ConfigurationError(
+            f"freeze index {freeze} out of range [0, {net.num_layers - 1}] for {stored.arch}"
+        )
     if classes != stored.num_classes:
         net.replace_classifier(classes, seed=seed)
 
     if mode == "all_in_cos":
-        return _all_in_cos(client, stored, net, manifest, container, eval_manifest, eval_container,
-                           classes, freeze, batch_size, epochs, optimizer, seed, transform, b_max)
+        return _all_in_cos(
+            client,
+            stored,
+            net,
+            manifest,
+            container,
+            eval_manifest,
+            eval_container,
+            classes,
+            freeze,
+            batch_size,
+            epochs,
+            optimizer,
+            seed,
+            transform,
+            b_max,
+        )
 
     t0 = time.perf_counter()
     prof = hapi_models.profile(net, transform.input_shape)
@@ -224,10 +244,18 @@ def run_finetune(
         if client.bandwidth.bytes_per_s is None:
             client.swift.probe(container, manifest.shards[0].name)
         t1 = time.perf_counter()
-        decision = _decide(prof, manifest, batch_size, client.bandwidth.bytes_per_s, freeze, dtype, split)
+        decision = _decide(
+            prof, manifest, batch_size, client.bandwidth.bytes_per_s, freeze, dtype, split
+        )
         split_s = time.perf_counter() - t1
         split_index = decision.split_index
-    log.info("%s: profile %.1f ms, split %d (freeze %d)", stored.arch, profile_s * 1e3, split_index, freeze)
+    log.info(
+        "%s: profile %.1f ms, split %d (freeze %d)",
+        stored.arch,
+        profile_s * 1e3,
+        split_index,
+        freeze,
+    )
 
     net = net.to(device)
     hapi_models.prepare_for_finetuning(net, freeze)
@@ -243,7 +271,9 @@ def run_finetune(
         def loader_for(m: DatasetManifest, cont: str, s: int) -> ShardLoader:
             if mode == "baseline" or s == 0:
                 return _raw_loader(client, m, cont, transform)
-            return _hapi_loader(client, m, cont, stored, s, transform, profile_spec, cos_b_max, dtype, comp, cache)
+            return _hapi_loader(
+                client, m, cont, stored, s, transform, profile_spec, cos_b_max, dtype, comp, cache
+            )
 
         for epoch in range(epochs):
             start = time.perf_counter()
@@ -254,36 +284,54 @@ def run_finetune(
             plan = plan_epoch(len(manifest.shards), seed, epoch)
             sizes = [s.samples for s in manifest.shards]
             total_iters = math.ceil(manifest.num_samples / batch_size)
-            bar = tqdm(total=total_iters, desc=f"{mode} epoch {epoch + 1}/{epochs}", unit="it",
-                       disable=not progress, leave=True)
-            batches = iterate_batches(plan, sizes, loader_for(manifest, container, split_index),
-                                      batch_size, pool, depth, counters)
+            bar = tqdm(
+                total=total_iters,
+                desc=f"{mode} epoch {epoch + 1}/{epochs}",
+                unit="it",
+                disable=not progress,
+                leave=True,
+            )
+            batches = iterate_batches(
+                plan,
+                sizes,
+                loader_for(manifest, container, split_index),
+                batch_size,
+                pool,
+                depth,
+                counters,
+            )
 
-            def features(it: Any = batches) -> Any:
-                for x, y in it:
-                    with torch.no_grad():
-                        h = frozen(x.to(device))
-                    yield h, y
-                    elapsed = max(time.perf_counter() - start, 1e-9)
-                    bar.update(1)
-                    bar.set_postfix(split=split_index, MBps=f"{counters.wire_bytes / elapsed / 1e6:.1f}",
-                                    sps=f"{counters.samples / elapsed:.0f}")
-                    if max_iterations is not None and counters.iterations >= max_iterations:
-                        return
-
-            stats = hapi_models.train_batches(trainable, features(), opt, device)
+            feats = _through_frozen(
+                batches, frozen, device, bar, counters, split_index, start, max_iterations
+            )
+            stats = hapi_models.train_batches(trainable, feats, opt, device)
             bar.close()
             seconds = time.perf_counter() - start
             eval_acc = None
             if eval_manifest is not None and eval_container is not None:
-                eval_acc = _evaluate(net, eval_manifest, loader_for(eval_manifest, eval_container, split_index),
-                                     split_index, freeze, batch_size, pool, depth, device)
+                eval_acc = _evaluate(
+                    net,
+                    eval_manifest,
+                    loader_for(eval_manifest, eval_container, split_index),
+                    split_index,
+                    freeze,
+                    batch_size,
+                    pool,
+                    depth,
+                    device,
+                )
             bw = client.bandwidth.bytes_per_s
             history.append(
                 EpochMetrics(
-                    epoch=epoch + 1, mode=mode, split_index=split_index, loss=stats.loss,
-                    train_accuracy=stats.accuracy, eval_accuracy=eval_acc, seconds=seconds,
-                    samples=counters.samples, iterations=counters.iterations,
+                    epoch=epoch + 1,
+                    mode=mode,
+                    split_index=split_index,
+                    loss=stats.loss,
+                    train_accuracy=stats.accuracy,
+                    eval_accuracy=eval_acc,
+                    seconds=seconds,
+                    samples=counters.samples,
+                    iterations=counters.iterations,
                     bytes_received=counters.wire_bytes,
                     bytes_per_iteration=counters.wire_bytes / max(1, counters.iterations),
                     requests=counters.requests,
@@ -296,12 +344,50 @@ def run_finetune(
                 if client.bandwidth.drifted(decision.budget_bytes):
                     new = _decide(prof, manifest, batch_size, bw, freeze, dtype, split)
                     if new.split_index != split_index:
-                        log.info("bandwidth drifted to %.1f Mbit/s: split %d -> %d", bw * 8e-6,
-                                 split_index, new.split_index)
+                        log.info(
+                            "bandwidth drifted to %.1f Mbit/s: split %d -> %d",
+                            bw * 8e-6,
+                            split_index,
+                            new.split_index,
+                        )
                     decision, split_index = new, new.split_index
     net.eval()
-    return FinetuneResult(net.cpu(), history, mode, freeze, decision, profile_s, split_s,
-                          {"cache_hits": cache.hits if cache else 0})
+    return FinetuneResult(
+        net.cpu(),
+        history,
+        mode,
+        freeze,
+        decision,
+        profile_s,
+        split_s,
+        {"cache_hits": cache.hits if cache else 0},
+    )
+
+
+def _through_frozen(
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    frozen: nn.Module,
+    device: str,
+    bar: tqdm,  # type: ignore[type-arg]
+    counters: EpochCounters,
+    split_index: int,
+    start: float,
+    max_iterations: int | None,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Run the frozen layers ``[split, freeze)`` without gradients; update the progress bar."""
+    for x, y in batches:
+        with torch.no_grad():
+            h = frozen(x.to(device))
+        yield h, y
+        elapsed = max(time.perf_counter() - start, 1e-9)
+        bar.update(1)
+        bar.set_postfix(
+            split=split_index,
+            MBps=f"{counters.wire_bytes / elapsed / 1e6:.1f}",
+            sps=f"{counters.samples / elapsed:.0f}",
+        )
+        if max_iterations is not None and counters.iterations >= max_iterations:
+            return
 
 
 def _decide(
@@ -323,8 +409,14 @@ def _decide(
         raise ConfigurationError(f"split must be 'auto', 'freeze' or an index, got {split!r}")
     assert bandwidth is not None
     width = 4 if dtype == OutputDtype.FLOAT32 else 2
-    return choose_split_index(prof, manifest.mean_shard_bytes_per_sample, batch_size, bandwidth, freeze,
-                              wire_bytes_per_element=width)
+    return choose_split_index(
+        prof,
+        manifest.mean_shard_bytes_per_sample,
+        batch_size,
+        bandwidth,
+        freeze,
+        wire_bytes_per_element=width,
+    )
 
 
 def _evaluate(
@@ -341,8 +433,16 @@ def _evaluate(
     hapi_models.set_modes(net, freeze, training=False)
     rest = nn.Sequential(*net.layers[split:])
     plan = plan_epoch(len(manifest.shards), 0, 0, shuffle=False)
-    batches = iterate_batches(plan, [s.samples for s in manifest.shards], loader, batch_size, pool, depth,
-                              EpochCounters(), permute=False)
+    batches = iterate_batches(
+        plan,
+        [s.samples for s in manifest.shards],
+        loader,
+        batch_size,
+        pool,
+        depth,
+        EpochCounters(),
+        permute=False,
+    )
     return hapi_models.evaluate(rest, batches, device)
 
 
@@ -372,8 +472,12 @@ def _all_in_cos(
         transform=_transform_spec(transform),
         batch_size=batch_size,
         epochs=epochs,
-        optimizer=OptimizerSpec(name=optimizer.name, lr=float(optimizer.lr), momentum=float(optimizer.momentum),
-                                weight_decay=float(optimizer.weight_decay)),
+        optimizer=OptimizerSpec(
+            name=optimizer.name,
+            lr=float(optimizer.lr),
+            momentum=float(optimizer.momentum),
+            weight_decay=float(optimizer.weight_decay),
+        ),
         seed=seed,
         b_max=b_max or batch_size,
     )
@@ -384,23 +488,43 @@ def _all_in_cos(
     eval_acc = None
     if eval_manifest is not None and eval_container is not None:
         with ThreadPoolExecutor(max_workers=2) as pool:
-            eval_acc = _evaluate(net, eval_manifest, _raw_loader(client, eval_manifest, eval_container, transform),
-                                 0, freeze, batch_size, pool, 2, "cpu")
+            eval_acc = _evaluate(
+                net,
+                eval_manifest,
+                _raw_loader(client, eval_manifest, eval_container, transform),
+                0,
+                freeze,
+                batch_size,
+                pool,
+                2,
+                "cpu",
+            )
     history = []
     epochs_meta = meta.get("epochs", [])
     iters = math.ceil(manifest.num_samples / batch_size)
     for i, e in enumerate(epochs_meta):
         history.append(
             EpochMetrics(
-                epoch=i + 1, mode="all_in_cos", split_index=net.num_layers, loss=e["loss"],
-                train_accuracy=e["train_accuracy"], eval_accuracy=eval_acc if i == len(epochs_meta) - 1 else None,
-                seconds=e["seconds"] if len(epochs_meta) > 1 else seconds, samples=e["samples"], iterations=iters,
-                bytes_received=len(blob) if i == 0 else 0, bytes_per_iteration=(len(blob) if i == 0 else 0) / iters,
-                requests=1 if i == 0 else 0, bandwidth_mbit_s=None, samples_per_s=e["samples"] / max(e["seconds"], 1e-9),
+                epoch=i + 1,
+                mode="all_in_cos",
+                split_index=net.num_layers,
+                loss=e["loss"],
+                train_accuracy=e["train_accuracy"],
+                eval_accuracy=eval_acc if i == len(epochs_meta) - 1 else None,
+                seconds=e["seconds"] if len(epochs_meta) > 1 else seconds,
+                samples=e["samples"],
+                iterations=iters,
+                bytes_received=len(blob) if i == 0 else 0,
+                bytes_per_iteration=(len(blob) if i == 0 else 0) / iters,
+                requests=1 if i == 0 else 0,
+                bandwidth_mbit_s=None,
+                samples_per_s=e["samples"] / max(e["seconds"], 1e-9),
             )
         )
     net.eval()
-    return FinetuneResult(net, history, "all_in_cos", freeze, None, extra={"server": meta, "wall_seconds": seconds})
+    return FinetuneResult(
+        net, history, "all_in_cos", freeze, None, extra={"server": meta, "wall_seconds": seconds}
+    )
 
 
 def make_shard_loader(
@@ -424,8 +548,19 @@ def make_shard_loader(
     """
     if split == 0 or stored is None:
         return _raw_loader(client, manifest, container, transform)
-    return _hapi_loader(client, manifest, container, stored, split, transform, profile_spec, b_max,
-                        output_dtype, compression, cache)
+    return _hapi_loader(
+        client,
+        manifest,
+        container,
+        stored,
+        split,
+        transform,
+        profile_spec,
+        b_max,
+        output_dtype,
+        compression,
+        cache,
+    )
 
 
 def decide_split(

@@ -7,13 +7,13 @@ import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import hapi_models
 import torch
 from swiftclient.client import Connection
 
-import hapi_models
 from hapi_contract import ModelRef, WeightsRef
 
-from .datasets import put_object_if_changed, put_object_idempotent
+from .datasets import put_object_idempotent, put_object_if_changed
 from .errors import ConfigurationError, SwiftAccessError
 from .swift_session import SwiftSession
 
@@ -75,10 +75,20 @@ def upload_model(
     result = put_object_if_changed(conn, container, obj, blob, "application/octet-stream")
     stored = StoredModel(arch, classes, container, obj, sha, len(blob))
     put_object_idempotent(
-        conn, container, f"{arch}.json", json.dumps(asdict(stored), indent=2).encode(), "application/json"
+        conn,
+        container,
+        f"{arch}.json",
+        json.dumps(asdict(stored), indent=2).encode(),
+        "application/json",
     )
     uploaded = result.uploaded
-    log.info("model %s: %d bytes, sha256 %s (%s)", stored.name, len(blob), sha, "uploaded" if uploaded else "unchanged")
+    log.info(
+        "model %s: %d bytes, sha256 %s (%s)",
+        stored.name,
+        len(blob),
+        sha,
+        "uploaded" if uploaded else "unchanged",
+    )
     return stored, uploaded
 
 
@@ -88,7 +98,9 @@ def resolve_model(swift: SwiftSession, ref: str | StoredModel) -> StoredModel:
         return ref
     container, _, name = ref.partition("/")
     if not container or not name:
-        raise ConfigurationError(f"model reference {ref!r} must look like 'models/efficientnet_lite0'")
+        raise ConfigurationError(
+            f"model reference {ref!r} must look like 'models/efficientnet_lite0'"
+        )
     data, _ = swift.get(container, f"{name}.json", observe=False)
     try:
         return StoredModel(**json.loads(data))
@@ -98,4 +110,6 @@ def resolve_model(swift: SwiftSession, ref: str | StoredModel) -> StoredModel:
 
 def download_model(swift: SwiftSession, stored: StoredModel) -> hapi_models.SplittableModel:
     blob, _ = swift.get(stored.container, stored.object, observe=False)
-    return hapi_models.get_model(stored.arch, num_classes=stored.num_classes, weights=blob, sha256=stored.sha256)
+    return hapi_models.get_model(
+        stored.arch, num_classes=stored.num_classes, weights=blob, sha256=stored.sha256
+    )

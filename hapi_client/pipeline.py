@@ -21,7 +21,14 @@ from hapi_contract import EpochPlan, plan_epoch
 
 from .errors import DeliveryError
 
-__all__ = ["EpochCounters", "EpochPlan", "LoadedShard", "ShardLoader", "iterate_batches", "plan_epoch"]
+__all__ = [
+    "EpochCounters",
+    "EpochPlan",
+    "LoadedShard",
+    "ShardLoader",
+    "iterate_batches",
+    "plan_epoch",
+]
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +82,9 @@ def iterate_batches(
             loaded = future.result()
             n = len(loaded.labels)
             if n != shard_sizes[shard] or loaded.inputs.shape[0] != n:
-                raise DeliveryError(f"shard {shard} delivered {n} samples, the manifest says {shard_sizes[shard]}")
+                raise DeliveryError(
+                    f"shard {shard} delivered {n} samples, the manifest says {shard_sizes[shard]}"
+                )
             counters.wire_bytes += loaded.wire_bytes
             counters.requests += loaded.requests
             if permute:

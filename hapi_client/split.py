@@ -15,8 +15,9 @@ As DESIGN.md states it (digest D1, D2):
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from .errors import ConfigurationError
 
@@ -75,7 +76,10 @@ def choose_split_index(
             0,
             f"no layer up to the freeze index {freeze_index} outputs less than the stored input "
             f"({input_size / 1e6:.2f} MB per batch): stream raw samples (split 0)",
-            input_size, input_size, budget, candidates,
+            input_size,
+            input_size,
+            budget,
+            candidates,
         )
     else:
         winner = next((s for s in candidates if out(s) < budget), None)
@@ -84,14 +88,20 @@ def choose_split_index(
                 freeze_index,
                 f"no candidate fits the {budget / 1e6:.2f} MB that one second of bandwidth carries: "
                 f"split at the freeze index {freeze_index} ({out(freeze_index) / 1e6:.2f} MB per batch)",
-                input_size, out(freeze_index), budget, candidates,
+                input_size,
+                out(freeze_index),
+                budget,
+                candidates,
             )
         else:
             decision = SplitDecision(
                 winner,
                 f"earliest layer whose output ({out(winner) / 1e6:.2f} MB per batch) is below both the "
                 f"stored input ({input_size / 1e6:.2f} MB) and one second of bandwidth ({budget / 1e6:.2f} MB)",
-                input_size, out(winner), budget, candidates,
+                input_size,
+                out(winner),
+                budget,
+                candidates,
             )
     log.info("split index %d: %s", decision.split_index, decision.reason)
     return decision

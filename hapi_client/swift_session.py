@@ -27,14 +27,18 @@ class SwiftCredentials:
     key: str = "testing"
 
     def connection(self) -> Connection:
-        return Connection(authurl=self.auth_url, user=self.user, key=self.key, retries=2, timeout=60)
+        return Connection(
+            authurl=self.auth_url, user=self.user, key=self.key, retries=2, timeout=60
+        )
 
 
 def _describe(exc: Exception, what: str, creds: SwiftCredentials) -> SwiftAccessError:
     if isinstance(exc, ClientException):
         status = exc.http_status
         if status == 401:
-            return SwiftAccessError(f"Swift rejected the credentials of {creds.user} at {creds.auth_url} (401)")
+            return SwiftAccessError(
+                f"Swift rejected the credentials of {creds.user} at {creds.auth_url} (401)"
+            )
         if status == 403:
             return SwiftAccessError(f"{creds.user} may not read {what} (Swift says 403)")
         if status == 404:
@@ -127,7 +131,13 @@ class SwiftSession:
         rate = total / max(seconds, 1e-9)
         if self.bandwidth is not None:
             self.bandwidth.observe(total, seconds)
-        log.info("bandwidth probe: %d bytes of %s in %.3f s = %.1f Mbit/s", total, what, seconds, rate * 8e-6)
+        log.info(
+            "bandwidth probe: %d bytes of %s in %.3f s = %.1f Mbit/s",
+            total,
+            what,
+            seconds,
+            rate * 8e-6,
+        )
         return rate
 
     def connection(self) -> Connection:

@@ -18,7 +18,9 @@ class TokenBucket:
             raise ValueError("rate must be positive")
         self.rate = float(rate_bytes_per_s)
         # A burst of at most 20 ms of traffic, so short transfers cannot run far above the rate.
-        self.burst = float(burst_bytes if burst_bytes is not None else min(256 * 1024, self.rate * 0.02))
+        self.burst = float(
+            burst_bytes if burst_bytes is not None else min(256 * 1024, self.rate * 0.02)
+        )
         self._tokens = self.burst
         self._last = time.monotonic()
         self._lock = threading.Lock()

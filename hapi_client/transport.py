@@ -125,7 +125,9 @@ class HapiTransport:
                 result = self._extract_once(url, headers, body)
             except httpx.TransportError as exc:
                 last_error = exc
-                log.warning("HAPI connection error on %s (attempt %d): %s", req.shard, attempt + 1, exc)
+                log.warning(
+                    "HAPI connection error on %s (attempt %d): %s", req.shard, attempt + 1, exc
+                )
                 time.sleep(self.retry.delay(attempt))  # back-off between attempts
                 continue
             except (FrameError, DeliveryError) as exc:
@@ -176,14 +178,24 @@ class HapiTransport:
         expected = 0
         for f in frames:
             if f.offset != expected:
-                raise DeliveryError(f"samples {expected}..{f.offset - 1} missing or duplicated in the stream")
+                raise DeliveryError(
+                    f"samples {expected}..{f.offset - 1} missing or duplicated in the stream"
+                )
             expected += f.count
         if expected != end.samples:
-            raise DeliveryError(f"stream carried {expected} samples, its end frame says {end.samples}")
+            raise DeliveryError(
+                f"stream carried {expected} samples, its end frame says {end.samples}"
+            )
         features = torch.cat([f.features for f in frames]) if frames else torch.empty(0)
-        labels = torch.cat([f.labels for f in frames]) if frames else torch.empty(0, dtype=torch.int64)
+        labels = (
+            torch.cat([f.labels for f in frames]) if frames else torch.empty(0, dtype=torch.int64)
+        )
         return ShardFeatures(
-            features, labels, end, wire, done - start,
+            features,
+            labels,
+            end,
+            wire,
+            done - start,
             cos_batch_sizes=list(end.meta.get("cos_batch_sizes", [])) if end.meta else [],
         )
 
@@ -203,4 +215,6 @@ class HapiTransport:
                 continue
             meta = json.loads(resp.headers.get("x-hapi-metrics", "{}"))
             return resp.content, meta
-        raise ServerUnavailableError(f"HAPI server at {self.endpoint} kept failing the fine-tuning request")
+        raise ServerUnavailableError(
+            f"HAPI server at {self.endpoint} kept failing the fine-tuning request"
+        )

@@ -108,9 +108,7 @@ class DeviceScheduler:
         self._publish()
         self._kick()
         try:
-            await asyncio.wait_for(
-                asyncio.shield(waiter.future), self.settings.request_timeout_s
-            )
+            await asyncio.wait_for(asyncio.shield(waiter.future), self.settings.request_timeout_s)
         except TimeoutError as exc:
             if waiter.future.done() and not waiter.future.cancelled():
                 self.release(self._running[demand.request_id])

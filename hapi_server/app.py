@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from http import HTTPStatus
 from typing import Annotated, Any
@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive, Scope, Send
 
 from hapi_contract import (
     API_PREFIX,
@@ -40,6 +41,28 @@ def _error(
     return JSONResponse(
         {"detail": detail, "code": code, **extra}, status_code=status, headers=headers
     )
+
+
+class _ReleasingStreamingResponse(StreamingResponse):
+    """Calls ``on_close`` when the response is over, however it ended.
+
+    Starlette never starts the body iterator of a response whose client is already gone, so a
+    generator's ``finally`` alone cannot be trusted to release what the request holds.
+    """
+
+    def __init__(self, *args: Any, on_close: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+            # Close a stream left suspended by a disconnect now, not whenever it is collected.
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
 
 def state_of(request: Request) -> ServerState:
@@ -104,7 +127,6 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             errors=[{"loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in errors[:20]],
         )
 
-
     @app.post(
         f"{API_PREFIX}/extract",
         response_class=StreamingResponse,
@@ -121,8 +143,11 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             "X-Hapi-Cos-Batch-Size": str(prep.reservation.batch_size),
             "X-Hapi-Samples": str(len(prep.images)),
         }
-        return StreamingResponse(
-            extraction.stream(state, prep), media_type=CONTENT_TYPE_FRAMES, headers=headers
+        return _ReleasingStreamingResponse(
+            extraction.stream(state, prep),
+            on_close=lambda: extraction.abandon(state, prep),
+            media_type=CONTENT_TYPE_FRAMES,
+            headers=headers,
         )
 
     @app.post(

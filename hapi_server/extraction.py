@@ -142,6 +142,27 @@ class PreparedExtraction:
     labels: list[int]
     started: float
     queued_s: float
+    stream_started: bool = False
+    finished: bool = False
+
+
+def finish(state: ServerState, prep: PreparedExtraction, status: str) -> None:
+    """Release the request's memory and weights and count it; idempotent, never awaits."""
+    if prep.finished:
+        return
+    prep.finished = True
+    prep.scheduler.release(prep.reservation)
+    state.weights.release(prep.model)
+    elapsed = time.perf_counter() - prep.started
+    state.metrics.request_seconds.labels("extract", status).observe(elapsed)
+    state.metrics.requests.labels("extract", status).inc()
+
+
+def abandon(state: ServerState, prep: PreparedExtraction) -> None:
+    """The response ended before its stream started (the client left while the request was
+    queued, say): nothing else will release the reservation, so release it now."""
+    if not prep.stream_started:
+        finish(state, prep, "499")
 
 
 async def prepare(state: ServerState, caller: Caller, req: ExtractRequest) -> PreparedExtraction:
@@ -230,6 +251,7 @@ _DONE = object()
 
 async def stream(state: ServerState, prep: PreparedExtraction) -> AsyncIterator[bytes]:
     """Run the job in a worker thread and yield its frames as they are produced."""
+    prep.stream_started = True
     req = prep.request
     loop = asyncio.get_running_loop()
     frames: asyncio.Queue[object] = asyncio.Queue(maxsize=4)
@@ -305,14 +327,20 @@ async def stream(state: ServerState, prep: PreparedExtraction) -> AsyncIterator[
         yield encoder.end(meta=meta)
     finally:
         cancelled.set()
-        if not future.done():
-            # The client went away mid-stream: wait for the worker to notice before releasing.
-            await asyncio.shield(future)
-        prep.scheduler.release(prep.reservation)
-        state.weights.release(prep.model)
-        elapsed = time.perf_counter() - prep.started
-        state.metrics.request_seconds.labels("extract", status).observe(elapsed)
-        state.metrics.requests.labels("extract", status).inc()
+
+        def done(_: object = None) -> None:
+            # Drop frames nobody will read; that also unblocks the worker's last put.
+            while not frames.empty():
+                frames.get_nowait()
+            finish(state, prep, status)
+
+        if future.done():
+            done()
+        else:
+            # The client went away mid-stream: release once the worker has noticed (within one
+            # emit timeout). No await here: in the cancelled scope of a disconnected response
+            # every await is cancelled again, which skipped the release and leaked the memory.
+            future.add_done_callback(done)
 
 
 def _error_status(exc: BaseException) -> str:

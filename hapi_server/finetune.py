@@ -125,9 +125,9 @@ async def run_finetune(
         if req.eval_shards
         else asyncio.sleep(0, result=([], [])),
     )
-    if sum(map(len, images)) + sum(map(len, eval_images)) > state.settings.max_samples_per_request * max(
-        1, len(req.shards)
-    ):
+    if sum(map(len, images)) + sum(
+        map(len, eval_images)
+    ) > state.settings.max_samples_per_request * max(1, len(req.shards)):
         raise PayloadTooLargeError("too many samples for one fine-tuning request")
     entry = await load_model(state, caller, req.model, scheduler)
     transform = to_transform(req.transform)

@@ -108,7 +108,7 @@ def profile(
         idx = current[0]
         inner_peak[idx] = max(inner_peak.get(idx, 0), _nbytes(inputs) + _nbytes(output))
 
-    for i, layer in enumerate(model.layers):
+    for layer in model.layers:
         for sub in layer.modules():
             if next(sub.children(), None) is None:
                 handles.append(sub.register_forward_hook(leaf_hook))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import nn
@@ -88,17 +89,18 @@ def _build(num_classes: int, pretrained: bool) -> SplittableModel:
     net = _timm_net()
     if pretrained:
         net.load_state_dict(imagenet_state_dict())
-    classifier: nn.Module = net.classifier
+    part = dict(net.named_children())
+    classifier = cast(nn.Linear, part["classifier"])
     if num_classes != IMAGENET_CLASSES:
-        classifier = nn.Linear(classifier.in_features, num_classes)  # type: ignore[arg-type]
-    layers: list[tuple[str, nn.Module]] = [("conv_stem", net.conv_stem), ("bn1", net.bn1)]
-    for s, stage in enumerate(net.blocks):  # type: ignore[arg-type]
-        for b, block in enumerate(stage):
+        classifier = nn.Linear(classifier.in_features, num_classes)
+    layers: list[tuple[str, nn.Module]] = [("conv_stem", part["conv_stem"]), ("bn1", part["bn1"])]
+    for s, stage in enumerate(cast(nn.Sequential, part["blocks"])):
+        for b, block in enumerate(cast(nn.Sequential, stage)):
             layers.append((f"blocks.{s}.{b}", block))
     layers += [
-        ("conv_head", net.conv_head),
-        ("bn2", net.bn2),
-        ("global_pool", net.global_pool),
+        ("conv_head", part["conv_head"]),
+        ("bn2", part["bn2"]),
+        ("global_pool", part["global_pool"]),
         ("classifier", nn.Sequential(nn.Dropout(0.2), classifier)),
     ]
     return SplittableModel(

@@ -15,6 +15,8 @@ AlexNet layers: 0 conv1, 1 relu, 2 maxpool, 3 conv2, 4 relu, 5 maxpool, 6 conv3,
 
 from __future__ import annotations
 
+from typing import cast
+
 from torch import nn
 from torchvision import models as tvm
 
@@ -29,10 +31,12 @@ IMAGENET = InputTransform()
 def _split_features_classifier(
     arch: str, net: nn.Module, freeze: int, num_classes: int
 ) -> SplittableModel:
+    features = cast(nn.Sequential, net.features)
+    classifier = cast(nn.Sequential, net.classifier)
     layers = [
-        *flatten_sequential("features", net.features),
-        ("avgpool", pool_then_flatten(net.avgpool)),
-        *flatten_sequential("classifier", net.classifier),
+        *flatten_sequential("features", features),
+        ("avgpool", pool_then_flatten(cast(nn.Module, net.avgpool))),
+        *flatten_sequential("classifier", classifier),
     ]
     return SplittableModel(
         arch, layers, default_freeze_index=freeze, transform=IMAGENET, num_classes=num_classes

@@ -30,17 +30,29 @@ class ClientEnv:
 
 
 @pytest.fixture(scope="session")
-def client_env(swift_stack: RunningStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClientEnv]:
+def client_env(
+    swift_stack: RunningStack, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ClientEnv]:
     log_dir = tmp_path_factory.mktemp("client-server-logs")
     server = start_server(swift_stack, log_dir, None, cpu_memory_budget_bytes=3 * 2**30, b_min=4)
     conn = swift_stack.connection()
     models = {}
     for arch in ("efficientnet_lite0", "alexnet"):
         models[arch], _ = upload_model(conn, arch, container="client-models")
-    upload_dataset(conn, get_source("photos:train?per_class=8&size=96x72"), "photos-train", shard_size=10,
-                   progress=False)
-    upload_dataset(conn, get_source("photos:test?per_class=4&size=96x72"), "photos-test", shard_size=10,
-                   progress=False)
+    upload_dataset(
+        conn,
+        get_source("photos:train?per_class=8&size=96x72"),
+        "photos-train",
+        shard_size=10,
+        progress=False,
+    )
+    upload_dataset(
+        conn,
+        get_source("photos:test?per_class=4&size=96x72"),
+        "photos-test",
+        shard_size=10,
+        progress=False,
+    )
     conn.close()
     creds = SwiftCredentials(swift_stack.auth_url, swift_stack.admin_user, swift_stack.admin_key)
     try:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import collections
 
+import hapi_models
 import pytest
 import torch
 
-import hapi_models
 from hapi_client import (
     HapiClient,
     OptimizerConfig,
@@ -31,8 +31,17 @@ def _manifest(env: ClientEnv, container: str | None = None):  # type: ignore[no-
 def _run(env: ClientEnv, mode: str, **kw: object) -> object:
     with env.client() as client:
         return client.finetune(
-            model=env.models["efficientnet_lite0"].name, container=env.train, batch_size=8, epochs=1,
-            optimizer=OPT, mode=mode, split="freeze", transform=SMALL, progress=False, seed=3, **kw,
+            model=env.models["efficientnet_lite0"].name,
+            container=env.train,
+            batch_size=8,
+            epochs=1,
+            optimizer=OPT,
+            mode=mode,
+            split="freeze",
+            transform=SMALL,
+            progress=False,
+            seed=3,
+            **kw,
         )
 
 
@@ -48,7 +57,9 @@ def test_hapi_equals_baseline(client_env: ClientEnv) -> None:
     initial = hapi_models.get_model("efficientnet_lite0", num_classes=1000, weights="imagenet")
     initial.replace_classifier(3, seed=3)
     start = initial.state_dict()
-    assert any(not torch.equal(a[k], start[k]) for k in a if k.startswith("layers.18"))  # conv_head trained
+    assert any(
+        not torch.equal(a[k], start[k]) for k in a if k.startswith("layers.18")
+    )  # conv_head trained
     assert all(torch.equal(a[k], start[k]) for k in a if k.startswith("layers.5."))  # frozen stays
     # HAPI ships features of the freeze layer, BASELINE the stored JPEG shards.
     assert hapi.history[0].bytes_received != base.history[0].bytes_received
@@ -65,8 +76,14 @@ def test_all_in_cos_matches_baseline(client_env: ClientEnv) -> None:
 def test_feature_cache_hits_on_epoch_two(client_env: ClientEnv) -> None:
     with client_env.client() as client:
         result = client.finetune(
-            model=client_env.models["efficientnet_lite0"].name, container=client_env.train, batch_size=8,
-            epochs=2, mode="hapi", split=12, transform=SMALL, progress=False,
+            model=client_env.models["efficientnet_lite0"].name,
+            container=client_env.train,
+            batch_size=8,
+            epochs=2,
+            mode="hapi",
+            split=12,
+            transform=SMALL,
+            progress=False,
         )
     first, second = result.history
     manifest = _manifest(client_env)
@@ -84,18 +101,32 @@ def test_eval_container_and_metrics(client_env: ClientEnv) -> None:
 
 
 def test_bad_endpoint_is_a_clear_error(client_env: ClientEnv) -> None:
-    client = HapiClient("http://127.0.0.1:9", client_env.credentials, retry=RetryPolicy(attempts=2, backoff_s=0.01))
+    client = HapiClient(
+        "http://127.0.0.1:9", client_env.credentials, retry=RetryPolicy(attempts=2, backoff_s=0.01)
+    )
     with client, pytest.raises(ServerUnavailableError, match="127.0.0.1:9"):
-        client.finetune(model=client_env.models["efficientnet_lite0"].name, container=client_env.train,
-                        split="freeze", transform=SMALL, progress=False)
+        client.finetune(
+            model=client_env.models["efficientnet_lite0"].name,
+            container=client_env.train,
+            split="freeze",
+            transform=SMALL,
+            progress=False,
+        )
 
 
 def test_bad_credentials_and_missing_container(client_env: ClientEnv) -> None:
     bad = SwiftCredentials(client_env.credentials.auth_url, "test:tester", "wrong")
-    with HapiClient(client_env.server.url, bad) as client, pytest.raises(SwiftAccessError, match="401"):
-        client.finetune(model=client_env.models["efficientnet_lite0"].name, container=client_env.train)
+    with (
+        HapiClient(client_env.server.url, bad) as client,
+        pytest.raises(SwiftAccessError, match="401"),
+    ):
+        client.finetune(
+            model=client_env.models["efficientnet_lite0"].name, container=client_env.train
+        )
     with client_env.client() as client, pytest.raises(SwiftAccessError, match="no-such-container"):
-        client.finetune(model=client_env.models["efficientnet_lite0"].name, container="no-such-container")
+        client.finetune(
+            model=client_env.models["efficientnet_lite0"].name, container="no-such-container"
+        )
 
 
 def test_bandwidth_estimate_tracks_a_throttled_rate(client_env: ClientEnv) -> None:
@@ -117,7 +148,9 @@ def test_exactly_once_across_a_server_restart(client_env: ClientEnv) -> None:
 
     port = int(client_env.server.url.rsplit(":", 1)[1])
     seen: list[int] = []
-    with client_env.client(retry=RetryPolicy(attempts=30, backoff_s=0.2, max_backoff_s=1.0)) as client:
+    with client_env.client(
+        retry=RetryPolicy(attempts=30, backoff_s=0.2, max_backoff_s=1.0)
+    ) as client:
         original = client.transport.extract
         state = {"restarted": False}
 
@@ -129,15 +162,27 @@ def test_exactly_once_across_a_server_restart(client_env: ClientEnv) -> None:
                 client_env.server.process.kill()
                 client_env.server.process.wait()
                 client_env.server = start_server(
-                    client_env.stack, client_env.log_dir, None, port=port,
-                    cpu_memory_budget_bytes=3 * 2**30, b_min=4,
+                    client_env.stack,
+                    client_env.log_dir,
+                    None,
+                    port=port,
+                    cpu_memory_budget_bytes=3 * 2**30,
+                    b_min=4,
                 )
             return got
 
         client.transport.extract = extract  # type: ignore[method-assign]
         result = client.finetune(
-            model=client_env.models["efficientnet_lite0"].name, container=client_env.train, batch_size=8,
-            epochs=1, mode="hapi", split=10, transform=SMALL, progress=False, cache_features=False, prefetch=2,
+            model=client_env.models["efficientnet_lite0"].name,
+            container=client_env.train,
+            batch_size=8,
+            epochs=1,
+            mode="hapi",
+            split=10,
+            transform=SMALL,
+            progress=False,
+            cache_features=False,
+            prefetch=2,
         )
     assert result.history[0].samples == _manifest(client_env).num_samples
     manifest_labels = collections.Counter()

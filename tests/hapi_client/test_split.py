@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import hapi_models
 import pytest
 
-import hapi_models
 from hapi_client import ConfigurationError, choose_split_index
 
 MBIT = 1e6 / 8
@@ -27,7 +27,9 @@ def test_alexnet_follows_table_5_3(alexnet_profile: hapi_models.ModelProfile) ->
     assert splits[-1] < 17
 
 
-def test_larger_batch_never_moves_the_split_earlier(alexnet_profile: hapi_models.ModelProfile) -> None:
+def test_larger_batch_never_moves_the_split_earlier(
+    alexnet_profile: hapi_models.ModelProfile,
+) -> None:
     for mbit in (100, 1000, 10000):
         splits = [
             choose_split_index(alexnet_profile, JPEG, b, mbit * MBIT, 17).split_index
@@ -59,10 +61,21 @@ def test_wire_dtype_halves_sizes(alexnet_profile: hapi_models.ModelProfile) -> N
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"freeze_index": 30}, "freeze"), ({"batch_size": 0}, "batch"), ({"bandwidth_bytes_per_s": 0}, "bandwidth")],
+    [
+        ({"freeze_index": 30}, "freeze"),
+        ({"batch_size": 0}, "batch"),
+        ({"bandwidth_bytes_per_s": 0}, "bandwidth"),
+    ],
 )
-def test_bad_arguments(alexnet_profile: hapi_models.ModelProfile, kwargs: dict[str, float], match: str) -> None:
-    args = {"input_bytes_per_sample": JPEG, "batch_size": 10, "bandwidth_bytes_per_s": 1e6, "freeze_index": 17}
+def test_bad_arguments(
+    alexnet_profile: hapi_models.ModelProfile, kwargs: dict[str, float], match: str
+) -> None:
+    args = {
+        "input_bytes_per_sample": JPEG,
+        "batch_size": 10,
+        "bandwidth_bytes_per_s": 1e6,
+        "freeze_index": 17,
+    }
     args.update(kwargs)
     with pytest.raises(ConfigurationError, match=match):
         choose_split_index(alexnet_profile, **args)  # type: ignore[arg-type]

@@ -13,31 +13,48 @@ from .conftest import ClientEnv
 @pytest.fixture(scope="module")
 def fashion(client_env: ClientEnv) -> tuple[str, str]:
     conn = client_env.stack.connection()
-    upload_dataset(conn, get_source("fashion-mnist:train?limit=2000"), "fmnist-train", progress=False)
+    upload_dataset(
+        conn, get_source("fashion-mnist:train?limit=2000"), "fmnist-train", progress=False
+    )
     upload_dataset(conn, get_source("fashion-mnist:test?limit=500"), "fmnist-test", progress=False)
     conn.close()
     return "fmnist-train", "fmnist-test"
 
 
-def test_auto_split_streams_tiny_images_raw(client_env: ClientEnv, fashion: tuple[str, str]) -> None:
+def test_auto_split_streams_tiny_images_raw(
+    client_env: ClientEnv, fashion: tuple[str, str]
+) -> None:
     """At the model's 224 px, every layer outputs more than a stored ~2.3 kB sample: split 0."""
     with client_env.client() as client:
         result = client.finetune(
-            model=client_env.models["efficientnet_lite0"].name, container=fashion[0], batch_size=64,
-            epochs=1, split="auto", progress=False, max_iterations=1,
+            model=client_env.models["efficientnet_lite0"].name,
+            container=fashion[0],
+            batch_size=64,
+            epochs=1,
+            split="auto",
+            progress=False,
+            max_iterations=1,
         )
     assert result.split is not None and result.split.split_index == 0
     assert result.history[0].split_index == 0
 
 
 @pytest.mark.slow
-def test_fashion_mnist_reaches_085_through_hapi(client_env: ClientEnv, fashion: tuple[str, str]) -> None:
+def test_fashion_mnist_reaches_085_through_hapi(
+    client_env: ClientEnv, fashion: tuple[str, str]
+) -> None:
     """A linear probe on frozen Lite0 features over 1000 images reached 0.844 (machine.md);
     fine-tuning conv_head, bn2 and the classifier through HAPI at the freeze index does better."""
     with client_env.client() as client:
         result = client.finetune(
-            model=client_env.models["efficientnet_lite0"].name, container=fashion[0], eval_container=fashion[1],
-            batch_size=64, epochs=4, split="freeze", image_size=128, progress=False,
+            model=client_env.models["efficientnet_lite0"].name,
+            container=fashion[0],
+            eval_container=fashion[1],
+            batch_size=64,
+            epochs=4,
+            split="freeze",
+            image_size=128,
+            progress=False,
             optimizer=OptimizerConfig("adam", lr=1e-3),
         )
     final = result.history[-1]

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import hapi_models as hm
 import pytest
 import torch
-
-import hapi_models as hm
 
 
 @pytest.mark.parametrize("name", ["alexnet", "resnet18", "efficientnet_lite0", "densenet121"])

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import hapi_models as hm
 import pytest
 import torch
-
-import hapi_models as hm
 
 
 def test_round_trip_preserves_outputs(tmp_path: Path) -> None:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import hapi_models as hm
 import pytest
 import torch
-
-import hapi_models as hm
 
 # Table 5.2 of the thesis, with AlexNet and VGG11 under the one consistent counting rule
 # (the table prints 22 and 28; see hapi_models.zoo.plain_cnns).
@@ -60,14 +59,17 @@ def test_every_split_is_exact(name: str) -> None:
 
 def test_split_matches_the_torchvision_forward() -> None:
     """The layer list is the torchvision network itself, not a re-implementation."""
-    from torchvision.models import resnet18
-
     from hapi_models.zoo.resnet import _layers
+    from torchvision.models import resnet18
 
     torch.manual_seed(1)
     net = resnet18(num_classes=5).eval()
     model = hm.SplittableModel(
-        "resnet18", _layers(net), default_freeze_index=11, transform=hm.InputTransform(), num_classes=5
+        "resnet18",
+        _layers(net),
+        default_freeze_index=11,
+        transform=hm.InputTransform(),
+        num_classes=5,
     ).eval()
     x = torch.randn(2, 3, 64, 64)
     with torch.inference_mode():
@@ -99,8 +101,8 @@ def test_freeze_sets_requires_grad_by_layer() -> None:
 
 def test_efficientnet_pretrained_weights_classify_a_real_photo() -> None:
     """The packaged ImageNet weights give ImageNet predictions on a bundled photo."""
-    from sklearn.datasets import load_sample_images
     from PIL import Image
+    from sklearn.datasets import load_sample_images
 
     model = hm.get_model("efficientnet_lite0", num_classes=1000, weights="imagenet")
     china = Image.fromarray(load_sample_images().images[0])

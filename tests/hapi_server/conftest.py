@@ -109,9 +109,7 @@ def server_factory(
     def factory(
         preexec: Callable[[], None] | None = None, ready_status: int = 200, **settings: object
     ) -> ServerProcess:
-        server = start_server(
-            swift_stack, log_dir, preexec, ready_status=ready_status, **settings
-        )
+        server = start_server(swift_stack, log_dir, preexec, ready_status=ready_status, **settings)
         started.append(server)
         return server
 
@@ -140,7 +138,10 @@ def make_images(n: int, seed: int, side: int = SIDE) -> tuple[list[bytes], list[
 
 
 def shard_bytes(images: list[bytes], labels: list[int]) -> bytes:
-    return write_shard((f"s{i:06d}", img, "jpg", lab) for i, (img, lab) in enumerate(zip(images, labels, strict=True)))
+    return write_shard(
+        (f"s{i:06d}", img, "jpg", lab)
+        for i, (img, lab) in enumerate(zip(images, labels, strict=True))
+    )
 
 
 @dataclass
@@ -152,14 +153,23 @@ class Dataset:
     storage_url: str
 
     def transform(self) -> dict[str, object]:
-        return {"resize": SIDE, "crop": SIDE, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+        return {
+            "resize": SIDE,
+            "crop": SIDE,
+            "mean": [0.485, 0.456, 0.406],
+            "std": [0.229, 0.224, 0.225],
+        }
 
     def request(self, arch: str, shard: str, split: int, **extra: object) -> dict[str, object]:
         obj, sha = self.weights[arch]
         body: dict[str, object] = {
             "container": DATA,
             "shard": shard,
-            "model": {"arch": arch, "num_classes": 3, "weights": {"container": MODELS, "object": obj, "sha256": sha}},
+            "model": {
+                "arch": arch,
+                "num_classes": 3,
+                "weights": {"container": MODELS, "object": obj, "sha256": sha},
+            },
             "split_index": split,
             "transform": self.transform(),
             "b_max": 16,
@@ -196,7 +206,9 @@ def dataset(swift_stack: RunningStack) -> Dataset:
     return Dataset(shards, weights, token, storage_url)
 
 
-def local_model(dataset: Dataset, swift_stack: RunningStack, arch: str) -> hapi_models.SplittableModel:
+def local_model(
+    dataset: Dataset, swift_stack: RunningStack, arch: str
+) -> hapi_models.SplittableModel:
     conn = swift_stack.connection()
     obj, sha = dataset.weights[arch]
     _, blob = conn.get_object(MODELS, obj)

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import hapi_models
 import httpx
 import pytest
 import torch
 
-import hapi_models
 from hapi_contract import BatchFrame, FrameDecoder
 from hapi_stack import RunningStack
 
 from .conftest import SIDE, Dataset, ServerProcess, local_model
 
 
-def fetch(server: ServerProcess, dataset: Dataset, body: dict[str, object]) -> tuple[list[BatchFrame], object, httpx.Headers]:
+def fetch(
+    server: ServerProcess, dataset: Dataset, body: dict[str, object]
+) -> tuple[list[BatchFrame], object, httpx.Headers]:
     decoder = FrameDecoder()
     frames: list[BatchFrame] = []
-    with httpx.stream("POST", f"{server.url}/v1/extract", json=body, headers=dataset.headers(), timeout=120) as resp:
+    with httpx.stream(
+        "POST", f"{server.url}/v1/extract", json=body, headers=dataset.headers(), timeout=120
+    ) as resp:
         assert resp.status_code == 200, resp.read()
         assert resp.headers["content-type"].startswith("application/x-hapi-frames")
         for chunk in resp.iter_bytes():
@@ -25,9 +29,11 @@ def fetch(server: ServerProcess, dataset: Dataset, body: dict[str, object]) -> t
     return frames, decoder.close(), headers
 
 
-CASES = [("alexnet", s) for s in (0, 3, 13, 17)] + [("resnet18", s) for s in (4, 8, 11)] + [
-    ("efficientnet_lite0", s) for s in (2, 10, 18, 20)
-]
+CASES = (
+    [("alexnet", s) for s in (0, 3, 13, 17)]
+    + [("resnet18", s) for s in (4, 8, 11)]
+    + [("efficientnet_lite0", s) for s in (2, 10, 18, 20)]
+)
 
 
 @pytest.mark.parametrize(("arch", "split"), CASES)
@@ -42,7 +48,10 @@ def test_features_equal_local_head(
     with torch.inference_mode():
         # Same COS batches as the server ran, so the same kernels see the same shapes.
         expected = torch.cat(
-            [model.head(split)(transform.decode_batch(images[f.offset : f.offset + f.count])) for f in frames]
+            [
+                model.head(split)(transform.decode_batch(images[f.offset : f.offset + f.count]))
+                for f in frames
+            ]
         )
     got = torch.cat([f.features for f in frames])
     assert [f.offset for f in frames] == sorted(f.offset for f in frames)
@@ -66,7 +75,11 @@ def test_half_precision_within_tolerance(
     frames, _, _ = fetch(hapi_server, dataset, body)
     model = local_model(dataset, swift_stack, "resnet18")
     with torch.inference_mode():
-        expected = model.head(6)(hapi_models.InputTransform(resize=SIDE, crop=SIDE).decode_batch(dataset.shards[shard][0]))
+        expected = model.head(6)(
+            hapi_models.InputTransform(resize=SIDE, crop=SIDE).decode_batch(
+                dataset.shards[shard][0]
+            )
+        )
     got = torch.cat([f.float() for f in frames])
     assert frames[0].features.dtype == getattr(torch, dtype)
     torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
@@ -75,11 +88,19 @@ def test_half_precision_within_tolerance(
 def test_models_health_metrics_openapi(hapi_server: ServerProcess) -> None:
     models = httpx.get(f"{hapi_server.url}/v1/models").json()
     by_name = {m["name"]: m for m in models}
-    assert by_name["resnet18"]["num_layers"] == 14 and by_name["alexnet"]["default_freeze_index"] == 17
+    assert (
+        by_name["resnet18"]["num_layers"] == 14 and by_name["alexnet"]["default_freeze_index"] == 17
+    )
     health = httpx.get(f"{hapi_server.url}/healthz").json()
     assert health["swift"] is True and health["devices"][0]["name"] == "cpu"
     metrics = httpx.get(f"{hapi_server.url}/metrics").text
-    for name in ("hapi_queue_depth", "hapi_planned_memory_bytes", "hapi_cos_batch_size",
-                 "hapi_bytes_streamed_total", "hapi_request_duration_seconds", "hapi_adaptation_decision_seconds"):
+    for name in (
+        "hapi_queue_depth",
+        "hapi_planned_memory_bytes",
+        "hapi_cos_batch_size",
+        "hapi_bytes_streamed_total",
+        "hapi_request_duration_seconds",
+        "hapi_adaptation_decision_seconds",
+    ):
         assert name in metrics
     assert "/v1/extract" in httpx.get(f"{hapi_server.url}/openapi.json").json()["paths"]

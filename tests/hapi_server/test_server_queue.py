@@ -130,6 +130,38 @@ def test_queue_full_is_503_with_retry_after(tight: ServerProcess, dataset: Datas
     )
 
 
+def test_client_that_gives_up_while_queued_leaks_nothing(
+    tight: ServerProcess, dataset: Dataset
+) -> None:
+    """B's client times out while B waits; B is planned later, for nobody: release at once."""
+    with ExitStack() as stack:
+        client_a = stack.enter_context(httpx.Client(timeout=TIMEOUT))
+        resp_a = stack.enter_context(
+            client_a.stream(
+                "POST",
+                f"{tight.url}/v1/extract",
+                json=dataset.request(ARCH, BIG_SHARD, 0, b_max=64),
+                headers=dataset.headers(),
+            )
+        )
+        assert resp_a.status_code == 200
+        with pytest.raises(httpx.ReadTimeout):
+            # The server cannot see this client leave: it only reads the socket again later.
+            httpx.post(
+                f"{tight.url}/v1/extract",
+                json=small_request(dataset),
+                headers=dataset.headers(),
+                timeout=httpx.Timeout(60.0, read=1.0),
+            )
+        assert metric(tight, "hapi_queue_depth", device="cpu") == 1.0
+        stack.close()  # A leaves too; B gets planned, finds its client gone
+    wait_for(
+        lambda: metric(tight, "hapi_queue_depth", device="cpu") == 0.0
+        and metric(tight, "hapi_planned_memory_bytes", device="cpu") == 0.0,
+        "the abandoned request's memory to be released",
+    )
+
+
 def _numbers(detail: str) -> tuple[int, int]:
     match = re.search(r"needs (\d+) bytes at its minimum COS batch .* at most (\d+) bytes", detail)
     assert match, detail

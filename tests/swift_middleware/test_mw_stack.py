@@ -5,10 +5,10 @@ from __future__ import annotations
 import configparser
 from pathlib import Path
 
+import hapi_models
 import pytest
 import torch
 
-import hapi_models
 from hapi_stack import HAPI_FILTER, StackConfig, down, proxy_filters, render_proxy_conf, up
 from tests.hapi_server.conftest import make_images, shard_bytes
 from tests.swift_middleware.mw_support import IMAGE_SIDE, extract

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
+import hapi_models
 import httpx
 import pytest
 import torch
 from swiftclient.client import Connection
 
-import hapi_models
 from hapi_stack import RunningStack
 from tests.swift_middleware.mw_support import (
     HAPI,

@@ -1,0 +1,187 @@
+"""One measured fine-tuning run on a testbed: the row every end-to-end result is made of."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import hapi_models
+
+from hapi_client import FinetuneResult, RetryPolicy, StoredModel
+from hapi_contract import DatasetManifest, ExtractRequest, TransformSpec
+
+from .data import MODELS_CONTAINER
+from .errors import BenchError
+from .instrument import ClientProbe, Sampler, lower_bound
+from .shaping import LinkCheck, mbit_to_bytes
+from .testbed import Testbed
+
+__all__ = ["RunSpec", "measured_finetune", "warm_server"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What to fine-tune, how, and over which link rate (None: unshaped)."""
+
+    model: StoredModel
+    mode: Literal["hapi", "baseline", "all_in_cos"]
+    container: str
+    manifest: DatasetManifest
+    rate_mbit: float | None
+    batch_size: int = 64
+    split: int | Literal["auto", "freeze"] = "auto"
+    eval_container: str | None = None
+    epochs: int = 1
+    image_size: int | None = None
+    cache_features: bool = False
+    progress: bool = True
+    seed: int = 0
+    optimizer: Any = None
+    via: Literal["hapi", "swift"] = "hapi"
+
+
+def warm_server(
+    testbed: Testbed, models: list[StoredModel], container: str, manifest: DatasetManifest, *, via: str = "hapi"
+) -> None:
+    """Load each model into the HAPI server's weights cache with one cheap extraction.
+
+    A server loads a model once and serves every later job from memory; without this the first
+    measured run of each model would also time the weights' download and verification.
+    """
+    testbed.set_rate(None)
+    shard = manifest.shards[0]
+    with testbed.client(via=via) as client:
+        for stored in models:
+            spec = hapi_models.get_spec(stored.arch)
+            t = spec.transform
+            client.transport.extract(
+                ExtractRequest(
+                    container=container,
+                    shard=shard.name,
+                    model=stored.ref(),
+                    split_index=spec.default_freeze_index,
+                    transform=TransformSpec(resize=t.resize, crop=t.crop, mean=t.mean, std=t.std),
+                    b_max=shard.samples,
+                ),
+                num_samples=shard.samples,
+            )
+
+
+def _first_epoch_start(probe: ClientProbe, mode: str) -> float:
+    start = probe.first_load_at if mode != "all_in_cos" else probe.first_data_at
+    if start is None:
+        raise BenchError("the run read no data: nothing to measure")
+    return start
+
+
+def measured_finetune(
+    testbed: Testbed,
+    spec: RunSpec,
+    link: LinkCheck,
+    *,
+    barrier: threading.Barrier | None = None,
+    sampler: Sampler | None = None,
+    rate_from_first_data: bool = True,
+) -> tuple[FinetuneResult, dict[str, Any]]:
+    """Run ``spec`` once and return the result and its row (first epoch's numbers and bound).
+
+    With ``rate_from_first_data`` the link is unshaped while the client loads the model and
+    shaped to ``spec.rate_mbit`` from the first dataset byte on; without it the caller sets the
+    rate. ``barrier`` makes simultaneous runs start their data together; such runs share one
+    ``sampler`` (started by the caller).
+    """
+    if rate_from_first_data:
+        testbed.set_rate(None)
+    stack = testbed.stack
+    client = testbed.client(via=spec.via, retry=RetryPolicy(attempts=8, backoff_s=0.2, max_backoff_s=4.0))
+    probe = ClientProbe(
+        client,
+        models_container=MODELS_CONTAINER,
+        on_first_data=(lambda: testbed.set_rate(spec.rate_mbit)) if rate_from_first_data else None,
+        barrier=barrier,
+    )
+    own_sampler = sampler is None
+    if sampler is None:
+        sampler = Sampler(list(stack.pids.values()), stack.server_pid, testbed.link)
+        sampler.__enter__()
+    started = time.perf_counter()
+    try:
+        with client:
+            result = client.finetune(
+                model=spec.model,
+                container=spec.container,
+                eval_container=spec.eval_container,
+                batch_size=spec.batch_size,
+                epochs=spec.epochs,
+                mode=spec.mode,
+                split=spec.split,
+                seed=spec.seed,
+                image_size=spec.image_size,
+                cache_features=spec.cache_features,
+                progress=spec.progress,
+                optimizer=spec.optimizer,
+            )
+        ended = time.perf_counter()
+    finally:
+        if own_sampler:
+            sampler.__exit__(None, None, None)
+    first = result.history[0]
+    epoch_start = _first_epoch_start(probe, spec.mode)
+    parts = sampler.between(epoch_start, epoch_start + first.seconds)
+    rate = mbit_to_bytes(link.measured_mbit)
+    bound = lower_bound(parts.storage_cpu, parts.client_cpu, first.bytes_received, rate)
+    manifest = spec.manifest
+    split = result.split
+    row: dict[str, Any] = {
+        "model": spec.model.arch,
+        "mode": spec.mode,
+        "rate_target_mbit": spec.rate_mbit,
+        "rate_measured_mbit": round(link.measured_mbit, 2),
+        "rate_flagged": link.flagged,
+        "link": link.kind,
+        "dataset": spec.container,
+        "dataset_source": manifest.source,
+        "num_samples": manifest.num_samples,
+        "stored_bytes_per_sample": round(manifest.mean_shard_bytes_per_sample, 1),
+        "batch_size": spec.batch_size,
+        "shard_size": manifest.shard_size,
+        "freeze_index": result.freeze_index,
+        "split_index": first.split_index,
+        "split_reason": split.reason if split else None,
+        "bandwidth_estimate_mbit": None if first.bandwidth_mbit_s is None else round(first.bandwidth_mbit_s, 2),
+        "epoch_s": round(first.seconds, 3),
+        "iterations": first.iterations,
+        "bytes_received": first.bytes_received,
+        "bytes_per_iteration": round(first.bytes_per_iteration, 1),
+        "requests": first.requests,
+        "samples_per_s": round(first.samples_per_s, 2),
+        "train_accuracy": round(first.train_accuracy, 4),
+        "eval_accuracy": None if result.history[-1].eval_accuracy is None else round(result.history[-1].eval_accuracy, 4),
+        "loss": round(first.loss, 4),
+        "client_cpu_s": round(parts.client_cpu, 3),
+        "storage_cpu_s": round(parts.storage_cpu, 3),
+        "server_cpu_s": round(parts.server_cpu, 3),
+        "server_reported_compute_s": round(probe.server_compute_s(), 3),
+        "network_s": round(bound.network_s, 3),
+        "lower_bound_s": round(bound.seconds, 3),
+        "bound_ratio": round(first.seconds / bound.seconds, 3) if bound.seconds > 0 else None,
+        "bound_limiter": bound.limiter,
+        "link_rx_bytes": parts.rx,
+        "link_tx_bytes": parts.tx,
+        "profile_ms": round(result.profile_seconds * 1e3, 2),
+        "split_ms": round(result.split_seconds * 1e3, 3),
+        "setup_s": round(epoch_start - started, 2),
+        "run_s": round(ended - started, 2),
+        "epochs": [
+            {"epoch": m.epoch, "seconds": round(m.seconds, 3), "bytes_received": m.bytes_received,
+             "requests": m.requests, "eval_accuracy": m.eval_accuracy}
+            for m in result.history
+        ],
+    }
+    log.info("%s %s %s: %.1f s", spec.model.arch, spec.mode, spec.rate_mbit, first.seconds)
+    return result, row

@@ -1,0 +1,129 @@
+"""``e2e``: epoch time and bytes per iteration of BASELINE, HAPI and ALL_IN_COS (Figures 5.9, 5.10).
+
+For each link rate, model and mode, one epoch of fine-tuning over the ImageNet-sized photos, the
+split chosen automatically (HAPI), and for every run the pipelined lower bound
+max(storage CPU, client CPU, bytes / measured rate) from the same run's parts.
+
+The quick grid (``make bench``) runs AlexNet at every rate in every mode, and ResNet18 and
+EfficientNet-Lite0 at 100 Mbit/s only; the full grid runs every model at every rate and adds the
+thesis' 0.05-15 Gbit/s sweep for AlexNet with HAPI and BASELINE.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .data import ensure_dataset, ensure_models, photos_spec
+from .plots import plot_e2e
+from .results import ResultSet
+from .runs import RunSpec, measured_finetune, warm_server
+from .testbed import Testbed
+
+__all__ = ["E2EGrid", "e2e_grid", "run_e2e"]
+
+log = logging.getLogger(__name__)
+
+MODELS = ("alexnet", "resnet18", "efficientnet_lite0")
+RATES_MBIT = (50.0, 100.0, 500.0, 1000.0)
+MODES = ("baseline", "hapi", "all_in_cos")
+THESIS_SWEEP_MBIT = (50.0, 100.0, 500.0, 1000.0, 2000.0, 3000.0, 5000.0, 10000.0, 15000.0)
+
+
+@dataclass(frozen=True)
+class E2EGrid:
+    """Which (rate, model, mode) runs, on how many images, at which batch and shard size."""
+
+    runs: tuple[tuple[float, str, str], ...]
+    per_class: int
+    batch_size: int
+    shard_size: int
+    note: str
+
+    @property
+    def rates(self) -> list[float]:
+        return list(dict.fromkeys(r for r, _, _ in self.runs))
+
+    @property
+    def models(self) -> list[str]:
+        return list(dict.fromkeys(m for _, m, _ in self.runs))
+
+
+def e2e_grid(quick: bool, *, tiny: bool = False) -> E2EGrid:
+    """The grid of ``hapi bench e2e`` (``tiny``: one small run per mode, for tests)."""
+    if tiny:
+        runs = tuple((100.0, "efficientnet_lite0", mode) for mode in MODES)
+        return E2EGrid(runs, 2, 10, 10, "tiny: EfficientNet-Lite0 at 100 Mbit/s on 20 images (a smoke test)")
+    if quick:
+        quick_runs = [(rate, "alexnet", mode) for rate in RATES_MBIT for mode in MODES]
+        quick_runs += [(100.0, model, mode) for model in MODELS[1:] for mode in MODES]
+        return E2EGrid(
+            tuple(quick_runs), 20, 64, 50,
+            "quick: AlexNet at 50/100/500/1000 Mbit/s, ResNet18 and EfficientNet-Lite0 at "
+            "100 Mbit/s only, 200 training images",
+        )
+    full = [(rate, model, mode) for rate in RATES_MBIT for model in MODELS for mode in MODES]
+    full += [(rate, "alexnet", mode) for rate in THESIS_SWEEP_MBIT if rate not in RATES_MBIT
+             for mode in ("baseline", "hapi")]
+    return E2EGrid(
+        tuple(full), 50, 64, 50,
+        "full: every model at 50/100/500/1000 Mbit/s, plus AlexNet HAPI/BASELINE over the "
+        "thesis' 0.05-15 Gbit/s sweep, 500 training images",
+    )
+
+
+def run_e2e(testbed: Testbed, out_dir: str, quick: bool = True, tiny: bool = False) -> int:
+    """The ``e2e`` scenario on ``testbed``; writes ``e2e.json``, ``e2e.csv`` and plots."""
+    grid = e2e_grid(quick, tiny=tiny)
+    out = Path(out_dir)
+    testbed.start_stack()
+    testbed.set_rate(None)
+    conn = testbed.connection()
+    try:
+        train = ensure_dataset(conn, photos_spec("train", grid.per_class), f"bench-photos-{grid.per_class}",
+                               grid.shard_size)
+        stored = ensure_models(conn, grid.models)
+    finally:
+        conn.close()
+    print(f"[e2e] {train.describe()}", flush=True)
+    warm_server(testbed, list(stored.values()), train.container, train.manifest)
+    results = ResultSet.start(
+        "e2e",
+        testbed=testbed.describe(),
+        grid=grid.note,
+        quick=quick,
+        dataset={"container": train.container, "source": train.manifest.source,
+                 "num_samples": train.manifest.num_samples,
+                 "stored_bytes_per_sample": train.manifest.mean_shard_bytes_per_sample},
+        batch_size=grid.batch_size,
+        link_checks=[],
+        shaping_note="the link is unshaped while the client loads the model (a user caches it) and "
+        "shaped from the first dataset byte on",
+    )
+    link_checks: list[dict[str, Any]] = results.meta["link_checks"]
+    for rate in grid.rates:
+        testbed.set_rate(rate)
+        check = testbed.measure_link()
+        link_checks.append(check.as_dict())
+        print(f"[e2e] link {check.describe()}", flush=True)
+        for run_rate, model, mode in grid.runs:
+            if run_rate != rate:
+                continue
+            spec = RunSpec(stored[model], mode, train.container, train.manifest, rate,  # type: ignore[arg-type]
+                           batch_size=grid.batch_size, progress=not tiny)
+            _, row = measured_finetune(testbed, spec, check)
+            results.add(row)
+            print(
+                f"[e2e] {model:18s} {rate:6g} Mbit/s {mode:10s} split {row['split_index']:>2}  "
+                f"epoch {row['epoch_s']:7.2f} s  {row['bytes_per_iteration'] / 1e6:7.2f} MB/iter  "
+                f"bound {row['lower_bound_s']:6.2f} s ({row['bound_limiter']}, x{row['bound_ratio']})",
+                flush=True,
+            )
+            results.write(out)  # after every run: an interrupted grid keeps what it measured
+    testbed.set_rate(None)
+    paths = results.write(out)
+    paths += plot_e2e(results, out)
+    print("[e2e] wrote " + ", ".join(str(p) for p in paths), flush=True)
+    return 0

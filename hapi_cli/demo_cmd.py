@@ -1,0 +1,77 @@
+"""``hapi demo``: HAPI vs BASELINE fine-tuning over a 100 Mbit/s link, end to end (``make demo``)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from hapi_bench import BenchError, DemoConfig, run_job, shaping_support
+
+from hapi_stack import PortInUseError, StackConfig, StackError, up
+
+__all__ = ["ERRORS", "register"]
+
+ERRORS: tuple[type[BaseException], ...] = (BenchError, StackError)
+
+_DEFAULT = DemoConfig()
+
+
+def _shaping(value: str) -> bool | None:
+    return {"auto": None, "tc": True, "throttle": False}[value]
+
+
+def _keep(state_dir: Path) -> None:
+    # The demo's own stack ran in a private namespace (or was stopped with it): bring the same
+    # state directory up on loopback so its data can be used with `hapi finetune`.
+    try:
+        stack = up(StackConfig(state_dir=state_dir, hapi_server=True))
+    except PortInUseError:
+        stack = up(StackConfig.on_free_ports(state_dir=state_dir, hapi_server=True))
+    print(f"--keep: the demo's stack runs on loopback: HAPI {stack.hapi_url}, Swift auth {stack.auth_url} "
+          f"(test:tester / testing); stop it with `hapi stack down --state-dir {state_dir}`")
+
+
+def _run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    reason = shaping_support() if args.shaping != "throttle" else "asked for the throttle"
+    how = "tc (htb) in private network namespaces" if reason is None else f"a client-side token bucket ({reason})"
+    print(f"hapi demo: the link will be limited with {how}", flush=True)
+    config = {
+        "rate_mbit": args.rate, "train_per_class": args.train_per_class, "test_per_class": args.test_per_class,
+        "batch_size": args.batch_size, "epochs": args.epochs,
+    }
+    args.state_dir.mkdir(parents=True, exist_ok=True)
+    results = args.state_dir / "demo-results.json"
+    code = run_job("hapi_bench.demo:demo_job", {"config": config, "results_path": str(results.resolve())},
+                   args.state_dir, shaping=_shaping(args.shaping))
+    if args.keep:
+        _keep(args.state_dir)
+    print(f"hapi demo: {'done' if code == 0 else 'HAPI did not beat BASELINE'} in "
+          f"{time.perf_counter() - started:.0f} s; results in {results}")
+    return code
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``demo`` to the ``hapi`` parser."""
+    p = subparsers.add_parser(
+        "demo",
+        help="fine-tune EfficientNet-Lite0 through HAPI and BASELINE over a 100 Mbit/s link",
+        description="Start Swift + the HAPI server, upload ImageNet-sized photos and the EfficientNet-Lite0 "
+        "weights (reused on later runs), limit the client's link (tc in private network namespaces when "
+        "root, else a client-side token bucket), fine-tune through HAPI (split chosen automatically) and "
+        "as BASELINE, evaluate on held-out photos and print a comparison table.",
+    )
+    p.add_argument("--state-dir", type=Path, default=Path(".hapi/demo"),
+                   help="where the demo's Swift keeps its data (default: %(default)s)")
+    p.add_argument("--rate", type=float, default=_DEFAULT.rate_mbit, help="link rate in Mbit/s (default: %(default)s)")
+    p.add_argument("--train-per-class", type=int, default=_DEFAULT.train_per_class,
+                   help="training photos per class, 10 classes (default: %(default)s)")
+    p.add_argument("--test-per-class", type=int, default=_DEFAULT.test_per_class,
+                   help="held-out photos per class (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=_DEFAULT.batch_size, help="default: %(default)s")
+    p.add_argument("--epochs", type=int, default=_DEFAULT.epochs, help="default: %(default)s")
+    p.add_argument("--shaping", choices=("auto", "tc", "throttle"), default="auto",
+                   help="tc: require namespaces + tc; throttle: the token bucket (default: best available)")
+    p.add_argument("--keep", action="store_true", help="leave the stack running afterwards (on loopback)")
+    p.set_defaults(func=_run)

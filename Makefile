@@ -29,6 +29,7 @@ system-deps:
 	@missing=""; \
 	command -v memcached >/dev/null || missing="$$missing memcached"; \
 	[ -d /usr/share/datasets/fashion-mnist ] || missing="$$missing dataset-fashion-mnist"; \
+	command -v docker-compose >/dev/null || missing="$$missing docker-compose"; \
 	if [ -n "$$missing" ]; then \
 		echo "== apt-get install$$missing"; \
 		$(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q $$missing; \

@@ -125,7 +125,7 @@ def machine_info() -> dict[str, Any]:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     info = MachineInfo(
         cpu=_cpu_model(),
-        cores=len(os.sched_getaffinity(0)),
+        cores=os.cpu_count() or 1,  # the machine's, not this (pinned) process's
         memory_gib=_memory_gib(),
         kernel=platform.release(),
         python=platform.python_version(),

@@ -12,6 +12,7 @@ import json
 import logging
 import random
 import time
+from urllib.parse import quote
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -97,10 +98,11 @@ class HapiTransport:
     def _target(self, container: str, obj: str, what: str) -> tuple[str, dict[str, str]]:
         storage_url, token = self.swift.auth()
         headers = {"X-Auth-Token": token, "X-Storage-Url": storage_url}
-        if self.via == "swift":
+        # Swift's HAPI filter serves extraction; ALL_IN_COS fine-tuning goes to the server itself.
+        if self.via == "swift" and what == "extract":
             # Through the proxy's HAPI filter: the object URL of the shard, marked as a HAPI call.
             headers[HAPI_REQUEST_HEADER] = what
-            return f"{storage_url}/{container}/{obj}", headers
+            return f"{storage_url}/{quote(container, safe='')}/{quote(obj, safe='/')}", headers
         return f"{self.endpoint}{API_PREFIX}/{what}", headers
 
     def _fail_or_retry(self, resp: httpx.Response, attempt: int, refreshed: list[bool]) -> float:

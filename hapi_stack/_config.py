@@ -54,6 +54,9 @@ class StackConfig(BaseModel):
     ``tempauth`` (so they see an authenticated request); ``proxy_extra_filters`` maps a filter name
     to the options of its ``[filter:NAME]`` section, e.g.
     ``{"hapi": {"paste.filter_factory": "swift_middleware.middleware:filter_factory"}}``.
+    With ``hapi_server`` the proxy also runs the ``hapi`` filter (``swift_middleware``) pointed
+    at that server; options under ``proxy_extra_filters["hapi"]`` override its defaults (see
+    :func:`hapi_stack.proxy_filters`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

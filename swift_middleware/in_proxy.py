@@ -199,14 +199,26 @@ class InProxyExtractor:
             std=tuple(extract.transform.std),
         )
         self._slots.acquire()
-        queued_s = time.perf_counter() - started
         try:
-            images, labels = self._read_shard(req, hapi, extract, rt)
-            model = self._model(req, hapi.account, extract, rt)
-            head = model.head(extract.split_index)
+            return self._start(req, hapi, rt, extract, transform, started)
         except BaseException:
             self._slots.release()
             raise
+
+    def _start(
+        self,
+        req: Request,
+        hapi: HapiRequest,
+        rt: _Runtime,
+        extract: Any,
+        transform: Any,
+        started: float,
+    ) -> Response:
+        """Read the shard and the model as the caller; the response streams, then frees the slot."""
+        queued_s = time.perf_counter() - started
+        images, labels = self._read_shard(req, hapi, extract, rt)
+        model = self._model(req, hapi.account, extract, rt)
+        head = model.head(extract.split_index)
         batch_size = max(1, min(extract.b_max, self.config.max_batch, len(images)))
         request_id = extract.request_id or str(req.environ.get("swift.trans_id", "in-proxy"))
         job = _Job(

@@ -55,7 +55,8 @@ def client_env(
     )
     conn.close()
     creds = SwiftCredentials(swift_stack.auth_url, swift_stack.admin_user, swift_stack.admin_key)
+    env = ClientEnv(swift_stack, server, creds, models, "photos-train", "photos-test", log_dir)
     try:
-        yield ClientEnv(swift_stack, server, creds, models, "photos-train", "photos-test", log_dir)
+        yield env
     finally:
-        server.stop()
+        env.server.stop()  # the restart test replaces the server: stop the current one

@@ -29,7 +29,7 @@ def test_up_status_down_round_trip(
     config = StackConfig.on_free_ports()
     state = ["--state-dir", str(tmp_path)]
     try:
-        assert cli.main(["stack", "up", *state, *_port_flags(config)]) == 0
+        assert cli.main(["stack", "up", "--no-hapi-server", *state, *_port_flags(config)]) == 0
         out = capsys.readouterr().out
         assert "Started the stack in" in out
         assert f"http://127.0.0.1:{config.proxy_port}/auth/v1.0" in out
@@ -41,7 +41,7 @@ def test_up_status_down_round_trip(
         proxy_row = next(line.split() for line in table if line.startswith("proxy"))
         assert proxy_row[2:] == [str(config.proxy_port), "yes", "yes"]
 
-        assert cli.main(["stack", "up", *state, *_port_flags(config)]) == 0
+        assert cli.main(["stack", "up", "--no-hapi-server", *state, *_port_flags(config)]) == 0
         assert "Already running" in capsys.readouterr().out
 
         recorded = json.loads((tmp_path / "pids.json").read_text())["services"]

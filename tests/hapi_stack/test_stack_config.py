@@ -97,7 +97,7 @@ def test_hapi_server_is_one_more_service(tmp_path: Path) -> None:
     assert hapi.health_url == "http://127.0.0.1:9999/healthz"
     assert hapi.env["HAPI_PORT"] == "9999"
     assert hapi.env["HAPI_HOST"] == "127.0.0.1"
-    assert hapi.env["HAPI_SWIFT_AUTH_URL"] == "http://127.0.0.1:9998/auth/v1.0"
+    assert hapi.env["HAPI_SWIFT_URL"] == "http://127.0.0.1:9998"
 
 
 def test_missing_memcached_says_how_to_install_it(

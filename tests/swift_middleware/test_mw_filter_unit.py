@@ -175,7 +175,7 @@ def test_a_hapi_request_is_forwarded_and_streamed_as_it_comes() -> None:
         assert b"".join(body) == b"second"
     assert headers["Content-Type"] == "application/x-hapi-frames"
     assert headers["X-Hapi-Request-Id"] == "r1" and headers["X-Hapi-Execution"] == "decoupled"
-    assert "Server" not in headers or headers["Server"] != "secret-internal-name"
+    assert "secret-internal-name" not in headers.values()
     # Downstream saw only the authorising HEAD, as the caller, never the POST.
     assert [(e["REQUEST_METHOD"], e["PATH_INFO"]) for e in downstream.calls] == [("HEAD", OBJ)]
     head = downstream.calls[0]

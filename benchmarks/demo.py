@@ -41,7 +41,7 @@ class DemoConfig:
     train_per_class: int = 60
     test_per_class: int = 20
     shard_size: int = 50
-    batch_size: int = 32
+    batch_size: int = 50  # one shard per iteration: every iteration is a full batch
     epochs: int = 1
     lr: float = 0.01
 

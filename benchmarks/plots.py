@@ -59,7 +59,8 @@ def plot_e2e(results: ResultSet, out_dir: Path) -> list[Path]:
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     axes[1].set_yscale("log")
     at100 = [r for r in rows if r["rate_target_mbit"] == 100.0]
     models = list(dict.fromkeys(r["model"] for r in at100))

@@ -311,7 +311,10 @@ def _load(results_dir: Path, name: str) -> ResultSet | None:
         if not path.is_file():
             return None
         data = json.loads(path.read_text())
-        return ResultSet("gars", data.get("meta", {}), data.get("results", data.get("rows", [])))
+        meta = dict(data.get("meta", {}))
+        if not isinstance(meta.get("machine"), dict):
+            meta.pop("machine", None)  # gars.py's own meta names only the architecture
+        return ResultSet("gars", meta, data.get("results", data.get("rows", [])))
     return load_results(results_dir, name)
 
 

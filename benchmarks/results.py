@@ -43,6 +43,8 @@ class ResultSet:
 
     def _csv_meta(self) -> dict[str, Any]:
         machine = self.meta.get("machine", {})
+        if not isinstance(machine, dict):  # a foreign file (gars.py) names only the architecture
+            machine = {"cpu": machine}
         versions = machine.get("versions", {})
         testbed = self.meta.get("testbed", {})
         return {

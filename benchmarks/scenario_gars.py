@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from . import gars
+from .machine import machine_info
 from .plots import plot_gars
 from .results import ResultSet
 
@@ -23,7 +24,7 @@ def run_gars(out_dir: str, quick: bool = True) -> int:
     path = out / "gars.json"
     code = gars.main([*(["--quick"] if quick else []), "--out", str(path)])
     data = json.loads(path.read_text())
-    results = ResultSet("gars", data["meta"], data["results"])
+    results = ResultSet("gars", {**data["meta"], "machine": machine_info()}, data["results"])
     csv_path = out / "gars.csv"
     # Write the CSV through a copy so that gars.py's own JSON stays as it wrote it.
     ResultSet("gars-csv", results.meta, results.rows).write(out)

@@ -16,6 +16,7 @@ demands and, as a reference, the same decision as a MILP in ``scipy.optimize.mil
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import random
@@ -124,11 +125,13 @@ def run(ns: list[int], with_milp: bool, seconds: float, seed: int) -> list[dict[
                 "admitted": len(plan.batches),
                 "deferred": len(plan.deferred),
                 "fill": plan.planned_bytes / max(1, free),
-                "solve": summarise(time_call(lambda: solve(demands, free), seconds, 200_000)),
+                "solve": summarise(
+                    time_call(functools.partial(solve, demands, free), seconds, 200_000)
+                ),
             }
             if with_milp:
                 row["milp"] = summarise(
-                    time_call(lambda: milp_decision(demands, free), seconds, 200)
+                    time_call(functools.partial(milp_decision, demands, free), seconds, 200)
                 )
             results.append(row)
             line = (

@@ -46,8 +46,9 @@ def _error(
 class _ReleasingStreamingResponse(StreamingResponse):
     """Calls ``on_close`` when the response is over, however it ended.
 
-    Starlette never starts the body iterator of a response whose client is already gone, so a
-    generator's ``finally`` alone cannot be trusted to release what the request holds.
+    Starlette can end a response before it starts the body iterator (sending the status line to
+    a client that is gone, a cancelled task group), so the generator's ``finally`` alone cannot
+    be trusted to release what the request holds.
     """
 
     def __init__(self, *args: Any, on_close: Callable[[], None], **kwargs: Any) -> None:

@@ -16,13 +16,13 @@ class ServerSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="HAPI_", env_file=".env", extra="ignore")
 
-    host: str = "127.0.0.1"
-    port: int = Field(8090, ge=1, le=65535)
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(8090, ge=1, le=65535, description="port to listen on")
     swift_url: str = Field(
         "http://127.0.0.1:8080",
         description="base URL of the Swift proxy; a caller's storage URL must live under it",
     )
-    swift_timeout_s: float = Field(60.0, gt=0)
+    swift_timeout_s: float = Field(60.0, gt=0, description="timeout of each request to Swift")
 
     # Batch adaptation (thesis 5.4.5).
     adaptation: bool = Field(True, description="off: every request runs at its b_max, unchecked")
@@ -33,27 +33,43 @@ class ServerSettings(BaseSettings):
     devices: str | None = Field(
         None, description="e.g. 'cpu' or 'cuda:0,cuda:1'; default: all GPUs, else cpu"
     )
-    cpu_memory_budget_bytes: int = Field(4 * GiB, ge=16 * MiB)
+    cpu_memory_budget_bytes: int = Field(
+        4 * GiB, ge=16 * MiB, description="M_total of the cpu device (a GPU's comes from NVML)"
+    )
     gpu_memory_limit_bytes: int | None = Field(
         None, description="cap a GPU's usable memory (testing)"
     )
-    framework_reserve_bytes: int = Field(256 * MiB, ge=0)
-    max_concurrent_per_device: int = Field(8, ge=1)
-    torch_threads: int | None = Field(None, ge=1)
+    framework_reserve_bytes: int = Field(
+        256 * MiB, ge=0, description="memory per device never planned (framework, allocator)"
+    )
+    max_concurrent_per_device: int = Field(
+        8, ge=1, description="worker threads per device (image checks, decode and compute)"
+    )
+    torch_threads: int | None = Field(
+        None, ge=1, description="torch intra-op threads; default: torch's own choice"
+    )
 
     # Limits.
-    max_request_body_bytes: int = Field(1 * MiB, ge=1024)
-    max_object_bytes: int = Field(1 * GiB, ge=1024)
-    max_weights_bytes: int = Field(2 * GiB, ge=1024)
-    max_image_pixels: int = Field(40_000_000, ge=1)
-    max_samples_per_request: int = Field(10_000, ge=1)
+    max_request_body_bytes: int = Field(
+        1 * MiB, ge=1024, description="largest request body (413), chunked or not"
+    )
+    max_object_bytes: int = Field(1 * GiB, ge=1024, description="largest shard object (413)")
+    max_weights_bytes: int = Field(2 * GiB, ge=1024, description="largest weights object (413)")
+    max_image_pixels: int = Field(
+        40_000_000, ge=1, description="largest image, width x height (413)"
+    )
+    max_samples_per_request: int = Field(
+        10_000, ge=1, description="most samples in one shard (413)"
+    )
     queue_limit: int = Field(256, ge=1, description="waiting requests per device before 503")
-    request_timeout_s: float = Field(600.0, gt=0)
-    retry_after_s: int = Field(2, ge=1)
+    request_timeout_s: float = Field(
+        600.0, gt=0, description="longest wait for memory before 504"
+    )
+    retry_after_s: int = Field(2, ge=1, description="Retry-After of a 503 (queue full)")
     weights_cache_bytes: int = Field(2 * GiB, ge=0, description="idle weights kept loaded")
 
     # ALL_IN_COS fine-tuning.
-    max_finetune_epochs: int = Field(50, ge=1)
+    max_finetune_epochs: int = Field(50, ge=1, description="most epochs of one /v1/finetune")
 
 
 @lru_cache

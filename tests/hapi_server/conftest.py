@@ -15,7 +15,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import hapi_models
 import httpx
 import numpy as np
 import pytest
@@ -23,7 +25,6 @@ import torch
 from PIL import Image
 from swiftclient.client import Connection
 
-import hapi_models
 from hapi_contract import write_shard
 from hapi_stack import RunningStack
 
@@ -107,7 +108,7 @@ def server_factory(
     log_dir = tmp_path_factory.mktemp("hapi-server-logs")
 
     def factory(
-        preexec: Callable[[], None] | None = None, ready_status: int = 200, **settings: object
+        preexec: Callable[[], None] | None = None, ready_status: int = 200, **settings: Any
     ) -> ServerProcess:
         server = start_server(swift_stack, log_dir, preexec, ready_status=ready_status, **settings)
         started.append(server)

@@ -24,6 +24,8 @@ from .conftest import Dataset, ServerProcess, make_images
 from .server_helpers import TIMEOUT, Extraction, extract, metric, put_shard
 from .test_server_queue import per_sample, weights_bytes
 
+pytestmark = pytest.mark.slow  # its own server
+
 ARCH, SPLIT, SIDE = "resnet18", 4, 64
 B_MIN, B_MAX, N_REQUESTS, SAMPLES = 4, 32, 10, 40
 RESERVE = 16 << 20

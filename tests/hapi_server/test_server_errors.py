@@ -131,7 +131,7 @@ def listener() -> Iterator[socket.socket]:
     "make_url",
     [
         lambda proxy, other: f"http://127.0.0.1:{other}/v1/AUTH_test",
-        lambda proxy, other: f"http://169.254.169.254/v1/AUTH_test",
+        lambda proxy, other: "http://169.254.169.254/v1/AUTH_test",
         lambda proxy, other: proxy.replace("http://", "http://user@") + "/v1/AUTH_test",
         lambda proxy, other: f"{proxy}@127.0.0.1:{other}/v1/AUTH_test",
         lambda proxy, other: proxy.replace("http://", "https://") + "/v1/AUTH_test",
@@ -303,18 +303,21 @@ def limited(limits_server: ServerProcess, dataset: Dataset) -> Iterator[ServerPr
     assert_serves(limits_server, dataset)
 
 
+@pytest.mark.slow  # starts its own server
 def test_object_over_the_size_limit_is_413(limited: ServerProcess, dataset: Dataset) -> None:
     body = dataset.request(ARCH, "limits/big-object.tar", SPLIT)
     err = assert_error(post(limited, body, dataset.headers()), 413, "too_large")
     assert str(LIMITS["max_object_bytes"]) in err.detail
 
 
+@pytest.mark.slow  # starts its own server
 def test_image_over_the_pixel_limit_is_413(limited: ServerProcess, dataset: Dataset) -> None:
     body = dataset.request(ARCH, "limits/big-image.tar", SPLIT)
     err = assert_error(post(limited, body, dataset.headers()), 413, "too_large")
     assert "4096 pixels" in err.detail and str(LIMITS["max_image_pixels"]) in err.detail
 
 
+@pytest.mark.slow  # starts its own server
 def test_too_many_samples_is_413(limited: ServerProcess, dataset: Dataset) -> None:
     body = dataset.request(ARCH, "limits/five.tar", SPLIT)
     err = assert_error(post(limited, body, dataset.headers()), 413, "too_large")
@@ -334,6 +337,7 @@ def _big_body(dataset: Dataset) -> bytes:
     return body
 
 
+@pytest.mark.slow  # starts its own server
 def test_request_body_over_the_limit_is_413(limited: ServerProcess, dataset: Dataset) -> None:
     resp = httpx.post(
         f"{limited.url}/v1/extract",
@@ -344,6 +348,7 @@ def test_request_body_over_the_limit_is_413(limited: ServerProcess, dataset: Dat
     assert "2048" in err.detail
 
 
+@pytest.mark.slow  # starts its own server
 def test_chunked_request_body_over_the_limit_is_413(limited: ServerProcess, dataset: Dataset) -> None:
     """No Content-Length to check up front: the limit must hold on the bytes as they arrive."""
     data = _big_body(dataset)
@@ -363,6 +368,7 @@ def test_chunked_request_body_over_the_limit_is_413(limited: ServerProcess, data
     assert "2048" in err.detail
 
 
+@pytest.mark.slow  # starts its own server
 def test_small_chunked_body_is_served(limited: ServerProcess, dataset: Dataset) -> None:
     data = json.dumps(ok_body(dataset)).encode()
     resp = httpx.post(
@@ -380,6 +386,7 @@ def test_small_chunked_body_is_served(limited: ServerProcess, dataset: Dataset) 
 # --- Swift down ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # starts its own server
 def test_swift_down_is_502_and_healthz_503(
     server_factory: Callable[..., ServerProcess], dataset: Dataset
 ) -> None:

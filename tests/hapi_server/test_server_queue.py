@@ -22,16 +22,18 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 
+import hapi_models
 import httpx
 import pytest
 import torch
 
-import hapi_models
 from hapi_server.estimates import MemoryEstimator
 from hapi_stack import RunningStack
 
 from .conftest import SIDE, Dataset, ServerProcess, make_images
 from .server_helpers import TIMEOUT, assert_error, extract, metric, post, put_shard, wait_for
+
+pytestmark = pytest.mark.slow  # its own server
 
 ARCH = "efficientnet_lite0"
 B_MIN = 25

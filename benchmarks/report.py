@@ -118,7 +118,7 @@ def _e2e_section(e2e: ResultSet, img: str) -> list[str]:
         f"{HEADLINES['average_speedup']}.",
         "",
         "Why ours differ: the thesis' server has two T4 GPUs and its client a GPU (or 16 cores), and the "
-        "training batch is in the thousands; here each side is one CPU core and the batch is 64. On one "
+        f"training batch is in the thousands; here each side is one CPU core and the batch is {e2e.meta.get('batch_size')}. On one "
         "core, computing AlexNet or ResNet18 costs more per image than 100 Mbit/s needs to move its 110 KB "
         "JPEG, so BASELINE is compute-bound down to about 50 Mbit/s and the bytes HAPI saves turn into "
         "time only at the lowest rates. HAPI's gain in time comes from the pipeline: the server decodes and "
@@ -245,9 +245,9 @@ def _adaptation_section(adapt: ResultSet, img: str) -> list[str]:
         markdown_table(("parallel requests", "BA on: done/OOM", "BA on: peak MiB", "BA on: % cut", "BA on: avg cut %",
                         "BA off: done/OOM", "BA off: peak MiB", "thesis % cut", "thesis avg cut %"), table),
         "",
-        f"Solver decision time (server metrics): median {statistics.median(decisions):.3f} ms over the points "
-        f"with a decision; the thesis reports ~25 ms. {HEADLINES['adaptation']}." if decisions else
-        f"Thesis: {HEADLINES['adaptation']}.",
+        (f"Solver decision time (server metrics): median {statistics.median(decisions):.3f} ms per round over "
+         "the points with a decision (the closed form; `benchmarks/solver.py` times it alone). " if decisions else "")
+        + f"Thesis: {HEADLINES['adaptation']}.",
         "",
         "Why ours differ: the server plans with its profile-based estimate of memory per image, which on a "
         "CPU (no allocator statistics to correct it) is above the measured use, so it starts cutting COS "

@@ -92,7 +92,7 @@ class FinetuneResult:
 
 
 def _transform_spec(t: hapi_models.InputTransform) -> TransformSpec:
-    return TransformSpec(resize=t.resize, crop=t.crop, mean=t.mean, std=t.std)
+    return TransformSpec.from_transform(t)
 
 
 class _Run:

@@ -12,9 +12,9 @@ import json
 import logging
 import random
 import time
-from urllib.parse import quote
 from dataclasses import dataclass, field
 from typing import Any, Literal
+from urllib.parse import quote
 
 import httpx
 import torch

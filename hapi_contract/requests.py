@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -165,6 +165,22 @@ class TransformSpec(_Model):
             raise ValueError(f"crop ({self.crop}) must not exceed resize ({self.resize})")
         return self
 
+    @classmethod
+    def from_transform(cls, transform: Any) -> TransformSpec:
+        """The spec of a ``hapi_models.InputTransform`` (duck-typed: no import of the zoo here)."""
+        return cls(
+            resize=transform.resize,
+            crop=transform.crop,
+            mean=tuple(transform.mean),
+            std=tuple(transform.std),
+        )
+
+    def to_transform(self) -> Any:
+        """The ``hapi_models.InputTransform`` this spec describes."""
+        from hapi_models import InputTransform
+
+        return InputTransform(resize=self.resize, crop=self.crop, mean=self.mean, std=self.std)
+
 
 class ProfileSpec(_Model):
     """The client's batch-1 profile of the model, per sample, one entry per layer.
@@ -302,4 +318,3 @@ class ModelInfo(_Model):
                 f"num_layers ({self.num_layers})"
             )
         return self
-

@@ -115,6 +115,12 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     async def hapi_error(_: Request, exc: HapiServerError) -> JSONResponse:
         return _error(exc.status, exc.code, exc.detail, exc.headers or None)
 
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # Still a 500, but in the same JSON shape as every other error, and logged with its trace.
+        log.exception("unhandled error: %s", exc)
+        return _error(500, "internal_error", f"{type(exc).__name__}: {exc}"[:500])
+
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
@@ -182,7 +188,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
                     num_layers=spec.num_layers,
                     default_freeze_index=spec.default_freeze_index,
                     layer_names=skeleton.layer_names,
-                    transform=TransformSpec(resize=t.resize, crop=t.crop, mean=t.mean, std=t.std),
+                    transform=TransformSpec.from_transform(t),
                 )
             )
         return out

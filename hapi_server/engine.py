@@ -64,6 +64,40 @@ class ExtractionJob:
     max_pixels: int
 
 
+def run_batch(
+    head: torch.nn.Module,
+    transform: hapi_models.InputTransform,
+    images: Sequence[bytes],
+    labels: Sequence[int],
+    start: int,
+    batch_size: int,
+    device: torch.device,
+    encoder: FrameEncoder,
+    max_pixels: int,
+    stats: JobStats,
+) -> bytes:
+    """Decode, run the head over, and encode samples ``[start, start + batch_size)``.
+
+    The one per-batch step of both the HAPI server and the proxy filter's in-proxy execution.
+    """
+    stop = min(len(images), start + batch_size)
+    t0 = time.perf_counter()
+    x = transform.decode_batch(list(images[start:stop]), max_pixels=max_pixels)
+    t1 = time.perf_counter()
+    with torch.inference_mode():
+        y = head(x.to(device, non_blocking=True)).to("cpu")
+    t2 = time.perf_counter()
+    label_t = torch.tensor(list(labels[start:stop]), dtype=torch.int64)
+    frame = encoder.batch(y, label_t, offset=start, meta={"cos_batch_size": batch_size})
+    t3 = time.perf_counter()
+    stats.decode_s += t1 - t0
+    stats.compute_s += t2 - t1
+    stats.encode_s += t3 - t2
+    stats.cos_batch_sizes.append(stop - start)
+    stats.feature_bytes += len(frame)
+    return frame
+
+
 def run_extraction(
     job: ExtractionJob,
     encoder: FrameEncoder,
@@ -73,34 +107,27 @@ def run_extraction(
     stats = JobStats()
     head = job.model.head(job.split)
     device = job.device.torch_device
-    n = len(job.images)
-    for start in range(0, n, job.batch_size):
+    for start in range(0, len(job.images), job.batch_size):
         if cancelled.is_set():
             raise JobCancelled()
-        stop = min(n, start + job.batch_size)
-        t0 = time.perf_counter()
-        x = job.transform.decode_batch(list(job.images[start:stop]), max_pixels=job.max_pixels)
-        t1 = time.perf_counter()
         if job.device.is_cuda:
             torch.cuda.reset_peak_memory_stats(device)
             base = torch.cuda.memory_allocated(device)
-        with torch.inference_mode():
-            y = head(x.to(device, non_blocking=True))
-            y = y.to("cpu")
+        frame = run_batch(
+            head,
+            job.transform,
+            job.images,
+            job.labels,
+            start,
+            job.batch_size,
+            device,
+            encoder,
+            job.max_pixels,
+            stats,
+        )
         if job.device.is_cuda:
-            peak = torch.cuda.max_memory_allocated(device) - base
-            stats.peak_bytes_per_sample = max(
-                stats.peak_bytes_per_sample or 0.0, peak / (stop - start)
-            )
-        t2 = time.perf_counter()
-        labels = torch.tensor(list(job.labels[start:stop]), dtype=torch.int64)
-        frame = encoder.batch(y, labels, offset=start, meta={"cos_batch_size": job.batch_size})
-        t3 = time.perf_counter()
-        stats.decode_s += t1 - t0
-        stats.compute_s += t2 - t1
-        stats.encode_s += t3 - t2
-        stats.cos_batch_sizes.append(stop - start)
-        stats.feature_bytes += len(frame)
+            done = min(len(job.images), start + job.batch_size) - start
+            peak = (torch.cuda.max_memory_allocated(device) - base) / done
+            stats.peak_bytes_per_sample = max(stats.peak_bytes_per_sample or 0.0, peak)
         emit(frame)
-        del x, y
     return stats

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import hapi_models
 import torch
 
+from .errors import InvalidRequestError
+
 log = logging.getLogger(__name__)
 
 ProfileKey = tuple[str, int, tuple[int, int, int]]
@@ -45,7 +47,12 @@ class MemoryEstimator:
             return cached
         with torch.device("meta"):
             skeleton = hapi_models.get_spec(arch).builder(num_classes, False)
-        prof = hapi_models.profile(skeleton, shape)
+        try:
+            prof = hapi_models.profile(skeleton, shape)
+        except RuntimeError as exc:  # e.g. a crop too small for the network's pooling
+            raise InvalidRequestError(
+                f"{arch} cannot run on {shape[1]}x{shape[2]} inputs: {str(exc).splitlines()[0]}"
+            ) from exc
         with self._lock:
             self._profiles[key] = prof
         return prof

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import cast
 
 import hapi_models
 
@@ -42,12 +43,7 @@ log = logging.getLogger(__name__)
 
 
 def to_transform(spec: TransformSpec) -> hapi_models.InputTransform:
-    return hapi_models.InputTransform(
-        resize=spec.resize,
-        crop=spec.crop,
-        mean=tuple(spec.mean),
-        std=tuple(spec.std),  # type: ignore[arg-type]
-    )
+    return cast(hapi_models.InputTransform, spec.to_transform())
 
 
 def check_model(

@@ -19,7 +19,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -62,15 +62,6 @@ def _load_runtime(device_name: str, threads: int | None) -> _Runtime:
 
 
 @dataclass
-class _Stats:
-    cos_batch_sizes: list[int] = field(default_factory=list)
-    decode_s: float = 0.0
-    compute_s: float = 0.0
-    encode_s: float = 0.0
-    feature_bytes: int = 0
-
-
-@dataclass
 class _Job:
     """One prepared extraction: everything the per-batch work needs."""
 
@@ -86,47 +77,38 @@ class _Job:
     split_index: int
     started: float
     queued_s: float
-    stats: _Stats = field(default_factory=_Stats)
+    stats: Any = None  # hapi_server.engine.JobStats, created with the runtime
 
     def run_batch(self, start: int) -> bytes:
         """Decode, run the head over, and encode samples ``[start, start + batch_size)``."""
-        torch = self.rt.torch
-        stop = min(len(self.images), start + self.batch_size)
-        t0 = time.perf_counter()
-        x = self.transform.decode_batch(self.images[start:stop], max_pixels=self.max_pixels)
-        t1 = time.perf_counter()
-        with torch.inference_mode():
-            y = self.head(x.to(self.rt.device)).to("cpu")
-        t2 = time.perf_counter()
-        labels = torch.tensor(self.labels[start:stop], dtype=torch.int64)
-        frame: bytes = self.encoder.batch(
-            y, labels, offset=start, meta={"cos_batch_size": self.batch_size}
+        from hapi_server.engine import JobStats, run_batch
+
+        if self.stats is None:
+            self.stats = JobStats()
+        return run_batch(
+            self.head,
+            self.transform,
+            self.images,
+            self.labels,
+            start,
+            self.batch_size,
+            self.rt.device,
+            self.encoder,
+            self.max_pixels,
+            self.stats,
         )
-        t3 = time.perf_counter()
-        self.stats.decode_s += t1 - t0
-        self.stats.compute_s += t2 - t1
-        self.stats.encode_s += t3 - t2
-        self.stats.cos_batch_sizes.append(stop - start)
-        self.stats.feature_bytes += len(frame)
-        return frame
 
     def end_frame(self) -> bytes:
-        total = time.perf_counter() - self.started
-        meta = {
-            "cos_batch_sizes": self.stats.cos_batch_sizes,
-            "server_ms": {
-                "total": round(total * 1000, 3),
-                "queued": round(self.queued_s * 1000, 3),
-                "decode": round(self.stats.decode_s * 1000, 3),
-                "compute": round(self.stats.compute_s * 1000, 3),
-                "encode": round(self.stats.encode_s * 1000, 3),
-            },
-            "feature_bytes": self.stats.feature_bytes,
-            "request_id": self.request_id,
-            "device": str(self.rt.device),
-            "split_index": self.split_index,
-            "execution": "in_proxy",
-        }
+        from hapi_server.engine import JobStats
+
+        stats = self.stats or JobStats()
+        meta = stats.as_meta(time.perf_counter() - self.started, self.queued_s)
+        meta.update(
+            request_id=self.request_id,
+            device=str(self.rt.device),
+            split_index=self.split_index,
+            execution="in_proxy",
+        )
         frame: bytes = self.encoder.end(meta=meta)
         return frame
 

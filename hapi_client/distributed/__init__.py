@@ -31,11 +31,11 @@ from .errors import (
     ReplicaDivergenceError,
     ScheduleError,
 )
-from .launcher import launch, torchrun_command
+from .launcher import launch, launch_many, torchrun_command
 from .messages import GradientMessage, UpdateMessage
 from .replica import flat_gradient, set_flat_gradient, state_checksum, trainable_parameters
 from .schedule import EpochSchedule, Segment, assign_shards, round_totals, scale_sizes
-from .trainer import DistributedEpochMetrics, DistributedResult, distributed_finetune
+from .trainer import DistributedEpochMetrics, DistributedResult, distributed_finetune, run_sequence
 
 __all__ = [
     "AggregatorChannel",
@@ -59,7 +59,9 @@ __all__ = [
     "distributed_finetune",
     "flat_gradient",
     "launch",
+    "launch_many",
     "round_totals",
+    "run_sequence",
     "scale_sizes",
     "set_flat_gradient",
     "state_checksum",

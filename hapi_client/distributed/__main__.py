@@ -1,4 +1,4 @@
-"""torchrun entry point: ``torchrun --nproc-per-node N -m hapi_client.distributed CONFIG.json``."""
+"""torchrun entry point: ``torchrun --nproc-per-node N -m hapi_client.distributed CONFIG.json [...]``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from .config import DistributedConfig
-from .trainer import distributed_finetune
+from .trainer import run_sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -17,13 +17,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m hapi_client.distributed",
         description="One rank of a multi-worker HAPI fine-tuning run (start it under torchrun).",
     )
-    parser.add_argument("config", help="a JSON file written by DistributedConfig.to_json()")
+    parser.add_argument("configs", nargs="+", metavar="CONFIG",
+                        help="JSON files written by DistributedConfig.to_json(), run one after the other")
     parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     args = parser.parse_args(argv)
     rank = os.environ.get("RANK", "?")
     logging.basicConfig(level=args.log_level.upper(),
-                        format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
-    distributed_finetune(DistributedConfig.load(args.config))
+                        format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
+    run_sequence([DistributedConfig.load(path) for path in args.configs])
     return 0
 
 

@@ -186,7 +186,9 @@ class AggregatorChannel:
             self._parse(known, result, numel)
         while len(result.replies) < q:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self._peers:
+            # Disconnected workers never reply: fail now rather than at the deadline.
+            possible = len(result.replies) + sum(1 for r in self._peers if r not in result.received)
+            if remaining <= 0 or possible < q:
                 silent = [r for r in range(self.world_size) if r not in result.received]
                 raise GatherTimeoutError(
                     f"round {round_index}: {len(result.replies)} of q={q} gradients after "

@@ -66,6 +66,8 @@ class DistributedConfig:
     b_max: int | None = None
     cache_features: bool = True
     image_size: int | None = None
+    bandwidth_bytes_per_s: float | None = None
+    throttle_bytes_per_s: float | None = None
     device: str = "auto"
     backend: str = "auto"
     threads: int | None = 1
@@ -118,6 +120,10 @@ class DistributedConfig:
             out.append(f"q must be >= 1, got {self.q}")
         if self.max_rounds_per_epoch is not None and self.max_rounds_per_epoch < 1:
             out.append(f"max_rounds_per_epoch must be >= 1, got {self.max_rounds_per_epoch}")
+        for name in ("bandwidth_bytes_per_s", "throttle_bytes_per_s"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                out.append(f"{name} must be a positive number, got {value}")
         for name in ("gather_timeout_s", "channel_timeout_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):

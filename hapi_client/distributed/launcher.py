@@ -8,6 +8,7 @@ use it; on a cluster, run the same module under your own ``torchrun`` invocation
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -23,7 +24,7 @@ from .config import DistributedConfig
 from .errors import DistributedConfigError, LaunchError
 from .trainer import DistributedResult
 
-__all__ = ["launch", "torchrun_command"]
+__all__ = ["launch", "launch_many", "torchrun_command"]
 
 log = logging.getLogger(__name__)
 
@@ -31,13 +32,17 @@ _GRACE_S = 20.0
 
 
 def torchrun_command(
-    nproc: int, config_path: str | Path, *, python: str = sys.executable, log_level: str = "warning",
+    nproc: int,
+    config_paths: Sequence[str | Path],
+    *,
+    python: str = sys.executable,
+    log_level: str = "warning",
     extra_args: Sequence[str] = (),
 ) -> list[str]:
     """The torchrun command line that :func:`launch` runs (single node, standalone rendezvous)."""
     return [
         python, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", str(nproc),
-        *extra_args, "-m", "hapi_client.distributed", str(config_path), "--log-level", log_level,
+        *extra_args, "-m", "hapi_client.distributed", *(str(p) for p in config_paths), "--log-level", log_level,
     ]
 
 
@@ -72,31 +77,65 @@ def launch(
     env: Mapping[str, str] | None = None,
     log_level: str = "warning",
     python: str = sys.executable,
+    stream_output: bool = False,
 ) -> DistributedResult:
     """Run ``config`` on ``nproc`` local workers under torchrun and return rank 0's result.
 
     Credentials travel in ``ST_AUTH``/``ST_USER``/``ST_KEY`` (never in the config file).
     ``log_path`` keeps torchrun's and the workers' output (else a temporary file, whose tail
-    is part of the :class:`LaunchError` on failure). ``timeout_s`` stops the whole run.
+    is part of the :class:`LaunchError` on failure); with ``stream_output`` and no ``log_path``
+    the output goes to this process's stdout/stderr instead (progress bars, logs).
+    ``timeout_s`` stops the whole run.
+    """
+    return launch_many(nproc, [config], credentials=credentials, log_path=log_path, timeout_s=timeout_s,
+                       env=env, log_level=log_level, python=python, stream_output=stream_output)[0]
+
+
+def launch_many(
+    nproc: int,
+    configs: Sequence[DistributedConfig],
+    *,
+    credentials: SwiftCredentials | None = None,
+    log_path: str | Path | None = None,
+    timeout_s: float | None = None,
+    env: Mapping[str, str] | None = None,
+    log_level: str = "warning",
+    python: str = sys.executable,
+    stream_output: bool = False,
+) -> list[DistributedResult]:
+    """Run ``configs`` one after the other in a single torchrun job (see :func:`~.trainer.run_sequence`).
+
+    The workers start (and extract features through HAPI) once for the whole sequence, e.g.
+    a comparison of aggregation rules. Returns rank 0's results in order; see :func:`launch`.
     """
     if nproc < 1:
         raise DistributedConfigError(f"nproc must be >= 1, got {nproc}")
-    config.check_world(nproc)
+    if not configs:
+        return []
+    for config in configs:
+        config.check_world(nproc)
     with tempfile.TemporaryDirectory(prefix="hapi-dist-") as tmp:
-        results = Path(config.results_path) if config.results_path else Path(tmp) / "results.json"
-        results.unlink(missing_ok=True)
-        cfg_path = Path(tmp) / "config.json"
-        cfg_path.write_text(config.replace(results_path=str(results)).to_json())
+        paths: list[Path] = []
+        results: list[Path] = []
+        for i, config in enumerate(configs):
+            out = Path(config.results_path) if config.results_path else Path(tmp) / f"results-{i}.json"
+            out.unlink(missing_ok=True)
+            path = Path(tmp) / f"config-{i}.json"
+            path.write_text(config.replace(results_path=str(out)).to_json())
+            paths.append(path)
+            results.append(out)
         log_file = Path(log_path) if log_path else Path(tmp) / "torchrun.log"
+        streaming = stream_output and log_path is None
         child_env = dict(os.environ if env is None else env)
-        child_env.setdefault("OMP_NUM_THREADS", str(config.threads or 1))
+        child_env.setdefault("OMP_NUM_THREADS", str(configs[0].threads or 1))
         if credentials is not None:
             child_env.update(ST_AUTH=credentials.auth_url, ST_USER=credentials.user, ST_KEY=credentials.key)
-        cmd = torchrun_command(nproc, cfg_path, python=python, log_level=log_level)
+        cmd = torchrun_command(nproc, paths, python=python, log_level=log_level)
         log.info("launching %d workers: %s", nproc, " ".join(cmd))
-        with log_file.open("wb") as out:
-            proc = subprocess.Popen(cmd, env=child_env, stdout=out, stderr=subprocess.STDOUT,  # noqa: S603
-                                    start_new_session=True)
+        with contextlib.ExitStack() as stack:
+            out_file = None if streaming else stack.enter_context(log_file.open("wb"))
+            proc = subprocess.Popen(cmd, env=child_env, stdout=out_file,  # noqa: S603
+                                    stderr=None if streaming else subprocess.STDOUT, start_new_session=True)
             try:
                 returncode = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -109,9 +148,12 @@ def launch(
         if returncode != 0:
             raise LaunchError(f"torchrun with {nproc} workers exited with status {returncode}",
                               returncode=returncode, log_tail=_tail(log_file))
-        try:
-            data = json.loads(results.read_text())
-        except (OSError, ValueError) as exc:
-            raise LaunchError(f"the workers wrote no readable results to {results}: {exc}",
-                              log_tail=_tail(log_file)) from exc
-        return DistributedResult.from_dict(data)
+        out_results = []
+        for path in results:
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError) as exc:
+                raise LaunchError(f"the workers wrote no readable results to {path}: {exc}",
+                                  log_tail=_tail(log_file)) from exc
+            out_results.append(DistributedResult.from_dict(data))
+        return out_results

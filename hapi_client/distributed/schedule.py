@@ -161,6 +161,27 @@ class EpochSchedule:
         indices = torch.cat([self._indices[s.stream][s.start : s.stop] for s in segments])
         return shards, indices
 
+    def foreign_shards(self, worker: int, round_sizes: Sequence[Sequence[int]]) -> list[int]:
+        """Shards of *other* workers' streams that ``worker`` will take in the rounds ``round_sizes``.
+
+        A dry run on a copy of the schedule (nothing is consumed), in the order of first need:
+        the worker prefetches them early, so taking over another worker's samples under LB-BSP
+        does not stall a round on an extraction.
+        """
+        heads, tails = list(self._heads), list(self._tails)
+        needed: list[int] = []
+        try:
+            for sizes in round_sizes:
+                for segment in self.take(sizes)[worker]:
+                    if segment.stream != worker:
+                        stream = self._shards[segment.stream][segment.start : segment.stop]
+                        for shard in torch.unique_consecutive(stream).tolist():
+                            if shard not in needed:
+                                needed.append(int(shard))
+        finally:
+            self._heads, self._tails = heads, tails
+        return needed
+
     def upcoming_shards(self, worker: int, count: int) -> list[int]:
         """The next ``count`` distinct shards at the head of ``worker``'s stream (for prefetching)."""
         stream = self._shards[worker][self._heads[worker] : self._tails[worker]]

@@ -32,10 +32,12 @@ rank 0 then evaluates on the held-out container and records the epoch.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
@@ -75,7 +77,7 @@ from .messages import TOKEN_BYTES, GradientMessage, UpdateMessage
 from .replica import flat_gradient, set_flat_gradient, state_checksum, trainable_parameters
 from .schedule import EpochSchedule, assign_shards, round_totals, scale_sizes
 
-__all__ = ["DistributedEpochMetrics", "DistributedResult", "distributed_finetune"]
+__all__ = ["DistributedEpochMetrics", "DistributedResult", "distributed_finetune", "run_sequence"]
 
 log = logging.getLogger(__name__)
 
@@ -191,13 +193,18 @@ def _memory_used(device: torch.device) -> float:
 
 
 def distributed_finetune(
-    config: DistributedConfig, *, credentials: SwiftCredentials | None = None
+    config: DistributedConfig,
+    *,
+    credentials: SwiftCredentials | None = None,
+    feature_cache: FeatureCache | None = None,
 ) -> DistributedResult | None:
     """Run one rank of a multi-worker fine-tuning job; call it in every torchrun worker.
 
     Initialises torch.distributed from torchrun's environment unless the caller already did.
     Returns the :class:`DistributedResult` on rank 0 (also written to ``config.results_path``)
     and None on the other ranks. Credentials default to ``ST_AUTH``/``ST_USER``/``ST_KEY``.
+    ``feature_cache`` lets several runs in one process share extracted features (see
+    :func:`run_sequence`); by default each run has its own when ``config.cache_features``.
     """
     device = _resolve_device(config)
     owns_group = not dist.is_initialized()
@@ -206,7 +213,37 @@ def distributed_finetune(
                                 timeout=timedelta(seconds=config.channel_timeout_s))
     try:
         config.check_world(dist.get_world_size())
-        return _Run(config, _credentials(credentials), device).run()
+        if feature_cache is None and config.cache_features:
+            feature_cache = FeatureCache()
+        return _Run(config, _credentials(credentials), device, feature_cache if config.cache_features else None).run()
+    finally:
+        if owns_group:
+            dist.destroy_process_group()
+
+
+def run_sequence(
+    configs: Sequence[DistributedConfig], *, credentials: SwiftCredentials | None = None
+) -> list[DistributedResult | None]:
+    """Run several configurations back to back in this torchrun worker.
+
+    One process group and one feature cache serve them all, so a sweep (e.g. one run per
+    aggregation rule) pays the start-up and the HAPI extraction once: later runs find the
+    features of the same shards, model, split and transform in the cache. All configurations
+    must use the same device and backend.
+    """
+    if not configs:
+        return []
+    first = configs[0]
+    if any((c.device, c.backend) != (first.device, first.backend) for c in configs):
+        raise DistributedConfigError("every configuration of a sequence must use the same device and backend")
+    device = _resolve_device(first)
+    owns_group = not dist.is_initialized()
+    if owns_group:
+        dist.init_process_group(backend=_backend(first, device),
+                                timeout=timedelta(seconds=max(c.channel_timeout_s for c in configs)))
+    cache = FeatureCache()
+    try:
+        return [distributed_finetune(c, credentials=credentials, feature_cache=cache) for c in configs]
     finally:
         if owns_group:
             dist.destroy_process_group()
@@ -215,8 +252,15 @@ def distributed_finetune(
 class _Run:
     """The state of one rank (kept out of the public signature)."""
 
-    def __init__(self, config: DistributedConfig, credentials: SwiftCredentials, device: torch.device) -> None:
+    def __init__(
+        self,
+        config: DistributedConfig,
+        credentials: SwiftCredentials,
+        device: torch.device,
+        cache: FeatureCache | None,
+    ) -> None:
         self.config = config
+        self.cache = cache
         self.credentials = credentials
         self.device = device
         self.rank = dist.get_rank()
@@ -228,6 +272,8 @@ class _Run:
             self.attack = get_attack(config.attack, n_byzantine=1, seed=config.seed * 7919 + self.rank,
                                      **config.attack_params)
         self.straggler = config.straggler_rank == self.rank and config.straggler_delay_s > 0
+        self.aggregator: AggregatorChannel | None = None
+        self.channel: WorkerChannel | None = None
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -299,8 +345,6 @@ class _Run:
     def _open_channel(self) -> None:
         cfg = self.config
         buf = torch.zeros(_ADDRESS_BYTES + TOKEN_BYTES, dtype=torch.uint8)
-        self.aggregator: AggregatorChannel | None = None
-        self.channel: WorkerChannel | None = None
         if self.rank == 0:
             host = cfg.channel_host or os.environ.get("MASTER_ADDR") or "127.0.0.1"
             token = secrets.token_bytes(TOKEN_BYTES)
@@ -326,39 +370,16 @@ class _Run:
         cfg = self.config
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
-        with HapiClient(cfg.endpoint, self.credentials, via=cfg.via) as client:  # type: ignore[arg-type]
+        with HapiClient(cfg.endpoint, self.credentials, via=cfg.via,  # type: ignore[arg-type]
+                        bandwidth_bytes_per_s=cfg.bandwidth_bytes_per_s,
+                        throttle_bytes_per_s=cfg.throttle_bytes_per_s) as client:
+            started = time.perf_counter()
             self._setup_model(client)
-            self._open_channel()
-            self.rule = cfg.build_rule(self.world)
-            # Only the non-robust weighted average trusts the batch sizes workers report.
-            self.weighted = isinstance(self.rule, BatchWeightedAverage)
-            self.balancer = BatchBalancer(cfg.batch_size, self.world) if cfg.balance else None
-            self.assignment: tuple[int, ...] = tuple(even_split(cfg.batch_size, self.world))
-            cache = FeatureCache() if cfg.cache_features else None
-            b_max = cfg.b_max or max(1, min(self.manifest.shard_size, 1000))
-            loader = make_shard_loader(
-                client, self.manifest, cfg.container, split=self.split, transform=self.transform,
-                stored=self.stored, profile_spec=self.profile_spec, b_max=b_max, output_dtype=self.dtype,
-                compression=self.compression, cache=cache)
-            self.eval_loader = None
-            if self.eval_manifest is not None and cfg.eval_container:
-                self.eval_loader = make_shard_loader(
-                    client, self.eval_manifest, cfg.eval_container, split=self.split, transform=self.transform,
-                    stored=self.stored, profile_spec=self.profile_spec, b_max=b_max, output_dtype=self.dtype,
-                    compression=self.compression, cache=cache)
-            sizes = [s.samples for s in self.manifest.shards]
-            self.owners = assign_shards(sizes, self.world)
-            self.history: list[DistributedEpochMetrics] = []
-            self.round_seconds: list[float] = []
-            self.round_sizes: list[list[int]] = []
-            self.global_round = 0
             try:
-                with ThreadPoolExecutor(max_workers=cfg.prefetch, thread_name_prefix="hapi-dist") as pool:
-                    self.pool = pool
-                    self.store = ShardStore(loader, sizes, pool, capacity=cfg.prefetch + 4)
-                    for epoch in range(cfg.epochs):
-                        self._epoch(epoch, sizes)
-                    self.store.clear()
+                self._open_channel()
+                log.info("rank %d ready in %.1f s (split %d, freeze %d, %d trainable parameters)", self.rank,
+                         time.perf_counter() - started, self.split, self.freeze, self.numel)
+                self._train(client)
             finally:
                 if self.aggregator is not None:
                     self.aggregator.close()
@@ -377,10 +398,40 @@ class _Run:
         if cfg.save_path:
             hapi_models.save_weights(self.net, cfg.save_path)
         if cfg.results_path:
-            import json
-
             Path(cfg.results_path).write_text(json.dumps(result.to_dict(), indent=2))
         return result
+
+    def _train(self, client: HapiClient) -> None:
+        cfg = self.config
+        self.rule = cfg.build_rule(self.world)
+        # Only the non-robust weighted average trusts the batch sizes workers report.
+        self.weighted = isinstance(self.rule, BatchWeightedAverage)
+        self.balancer = BatchBalancer(cfg.batch_size, self.world) if cfg.balance else None
+        self.assignment: tuple[int, ...] = tuple(even_split(cfg.batch_size, self.world))
+        cache = self.cache
+        b_max = cfg.b_max or max(1, min(self.manifest.shard_size, 1000))
+        loader = make_shard_loader(
+            client, self.manifest, cfg.container, split=self.split, transform=self.transform,
+            stored=self.stored, profile_spec=self.profile_spec, b_max=b_max, output_dtype=self.dtype,
+            compression=self.compression, cache=cache)
+        self.eval_loader = None
+        if self.eval_manifest is not None and cfg.eval_container:
+            self.eval_loader = make_shard_loader(
+                client, self.eval_manifest, cfg.eval_container, split=self.split, transform=self.transform,
+                stored=self.stored, profile_spec=self.profile_spec, b_max=b_max, output_dtype=self.dtype,
+                compression=self.compression, cache=cache)
+        sizes = [s.samples for s in self.manifest.shards]
+        self.owners = assign_shards(sizes, self.world)
+        self.history: list[DistributedEpochMetrics] = []
+        self.round_seconds: list[float] = []
+        self.round_sizes: list[list[int]] = []
+        self.global_round = 0
+        with ThreadPoolExecutor(max_workers=cfg.prefetch, thread_name_prefix="hapi-dist") as pool:
+            self.pool = pool
+            self.store = ShardStore(loader, sizes, pool, capacity=2 * cfg.prefetch + 8)
+            for epoch in range(cfg.epochs):
+                self._epoch(epoch, sizes)
+            self.store.clear()
 
     def _epoch(self, epoch: int, sizes: list[int]) -> None:
         cfg = self.config
@@ -394,7 +445,13 @@ class _Run:
         stats = _EpochStats()
         bar = tqdm(total=len(totals), desc=f"{self.world} workers, epoch {epoch + 1}/{cfg.epochs}", unit="round",
                    disable=not (cfg.progress and self.rank == 0))
-        for total in totals:
+        forecast_for: tuple[int, ...] | None = None
+        for k, total in enumerate(totals):
+            if self.assignment != forecast_for:
+                # Shares changed (or a new epoch): fetch early what will come from other streams.
+                forecast_for = self.assignment
+                ahead = [scale_sizes(self.assignment, t) for t in totals[k:]]
+                self.store.prefetch(schedule.foreign_shards(self.rank, ahead))
             round_sizes = scale_sizes(self.assignment, total)
             segments = schedule.take(round_sizes)
             mine = segments[self.rank]

@@ -112,3 +112,17 @@ def test_take_refuses_more_than_is_left() -> None:
     shards, idx = schedule.samples(got[0] + got[1])
     assert torch.equal(shards, torch.zeros(4, dtype=torch.int64))
     assert sorted(idx.tolist()) == [0, 1, 2, 3]
+
+
+def test_foreign_shards_forecast_what_a_bigger_share_takes_without_consuming() -> None:
+    shard_sizes = [10] * 6  # 3 workers own 2 shards (20 samples) each
+    owners = assign_shards(shard_sizes, 3)
+    schedule = EpochSchedule(plan_epoch(6, 0, 0), shard_sizes, owners)
+    rounds = [[10, 5, 5]] * 3  # worker 0 needs 30 samples: 20 of its own, 10 from the others
+    forecast = schedule.foreign_shards(0, rounds)
+    assert schedule.remaining == 60  # a dry run
+    taken = [s for sizes in rounds for s in schedule.take(sizes)[0]]
+    used = {int(x) for x in schedule.samples(taken)[0].tolist()} - set(owners[0])
+    assert set(forecast) == used and len(forecast) == len(used) > 0
+    fresh = EpochSchedule(plan_epoch(6, 0, 0), shard_sizes, owners)
+    assert fresh.foreign_shards(1, [[5, 5, 5]] * 4) == []  # equal shares stay on their own shards

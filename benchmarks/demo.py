@@ -11,9 +11,12 @@ Why HAPI should win here, on two identical CPU cores: HAPI moves the JPEG decodi
 expensive early layers next to the storage, so the two tiers work on each batch in a pipeline
 (server: decode + layers before the split; client: the rest + training), where BASELINE does all of
 it on the client core; and what crosses the link is the split layer's output, smaller than the
-stored JPEG by construction of the split rule. The server has the model loaded before the timed
-epoch, as it would for any job after the first; the client's one-off model download is not timed
-either.
+stored JPEG by construction of the split rule. The gain in time is the client's share of the work:
+with only the head trained (the model's default freeze index), the layers before the split are
+~90 % of the compute and the two modes come within ~10 % of each other on one core each, so the
+demo fine-tunes the last two stages, which is the same job for both modes. The server has the
+model loaded before the timed epoch, as it would for any job after the first; the client's one-off
+model download is not timed either.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ class DemoConfig:
 
     rate_mbit: float = 100.0
     model: str = "efficientnet_lite0"
+    #: Fine-tune the last two MBConv stages and the head (``blocks.5.0`` on), a usual choice when
+    #: the new images differ from ImageNet; the model's default (18) trains only the head.
+    freeze_index: int = 13
     train_per_class: int = 60
     test_per_class: int = 20
     shard_size: int = 50
@@ -94,10 +100,12 @@ def demo_job(testbed: Testbed, config: dict[str, Any] | None = None, results_pat
              f"{check.measured_mbit:.1f} Mbit/s{' (FLAGGED: more than 10% off)' if check.flagged else ''}")
     rows = []
     for n, mode in ((4, "hapi"), (5, "baseline")):
-        _step(n, f"{mode.upper()}: fine-tuning {cfg.model} for {cfg.epochs} epoch(s), batch {cfg.batch_size}"
+        _step(n, f"{mode.upper()}: fine-tuning {cfg.model} from layer {cfg.freeze_index} on for {cfg.epochs} "
+                 f"epoch(s), batch {cfg.batch_size}"
                  f"{', split chosen from the measured bandwidth' if mode == 'hapi' else ', everything on the client'}")
         spec = RunSpec(stored, mode, train.container, train.manifest, cfg.rate_mbit,  # type: ignore[arg-type]
-                       batch_size=cfg.batch_size, split="auto", eval_container=test.container,
+                       batch_size=cfg.batch_size, split="auto", freeze_index=cfg.freeze_index,
+                       eval_container=test.container,
                        epochs=cfg.epochs, optimizer=hapi_models.OptimizerConfig("sgd", cfg.lr, 0.9, 0.0))
         result, row = measured_finetune(testbed, spec, check, rate_from_first_data=False)
         if result.split is not None:

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .results import ResultSet  # noqa: E402
 
-__all__ = ["plot_adaptation", "plot_e2e", "plot_gars", "plot_split", "plot_tenants"]
+__all__ = ["plot_adaptation", "plot_e2e", "plot_gars", "plot_proxy", "plot_split", "plot_tenants"]
 
 _MODE_STYLE = {"baseline": ("BASELINE", "tab:red"), "hapi": ("HAPI", "tab:blue"),
                "all_in_cos": ("ALL_IN_COS", "tab:green")}
@@ -155,6 +155,24 @@ def plot_adaptation(results: ResultSet, out_dir: Path) -> list[Path]:
     axes[1].set_title("memory (cf. Fig 5.13)")
     _footer(fig, results)
     return [_save(fig, out_dir / "adaptation.png")]
+
+
+def plot_proxy(results: ResultSet, out_dir: Path) -> list[Path]:
+    """``proxy.png``: epoch time per model, decoupled server vs in-proxy execution (Table 5.1)."""
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    models = list(dict.fromkeys(r["model"] for r in results.rows))
+    for i, (execution, colour) in enumerate((("decoupled", "tab:blue"), ("in_proxy", "tab:orange"))):
+        values = []
+        for model in models:
+            match = [r["epoch_s"] for r in results.rows if r["model"] == model and r["execution"] == execution]
+            values.append(match[0] if match else 0.0)
+        ax.bar([x + i * 0.4 for x in range(len(models))], values, 0.4, color=colour, label=execution)
+    ax.set_xticks([x + 0.2 for x in range(len(models))], models)
+    ax.set_ylabel("epoch time (s)")
+    ax.set_title("in-proxy vs decoupled server (cf. Table 5.1)")
+    ax.legend(fontsize=8)
+    _footer(fig, results)
+    return [_save(fig, out_dir / "proxy.png")]
 
 
 def plot_gars(results: ResultSet, out_dir: Path) -> list[Path]:

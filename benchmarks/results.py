@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,9 @@ class ResultSet:
 
     @classmethod
     def start(cls, scenario: str, **meta: Any) -> ResultSet:
-        return cls(scenario, {"scenario": scenario, "started": _now(), "machine": machine_info(), **meta})
+        # The load average says whether anything else competed for the cores meanwhile.
+        return cls(scenario, {"scenario": scenario, "started": _now(), "machine": machine_info(),
+                              "load_average_start": os.getloadavg(), **meta})
 
     def add(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
@@ -63,6 +66,7 @@ class ResultSet:
         """Write ``SCENARIO.json`` and ``SCENARIO.csv`` under ``out_dir``; return their paths."""
         out_dir.mkdir(parents=True, exist_ok=True)
         self.meta["finished"] = _now()
+        self.meta["load_average_end"] = os.getloadavg()
         json_path = out_dir / f"{self.scenario}.json"
         json_path.write_text(json.dumps({"meta": self.meta, "rows": self.rows}, indent=2, default=str) + "\n")
         csv_path = out_dir / f"{self.scenario}.csv"

@@ -35,6 +35,7 @@ class RunSpec:
     rate_mbit: float | None
     batch_size: int = 64
     split: int | Literal["auto", "freeze"] = "auto"
+    freeze_index: int | None = None
     eval_container: str | None = None
     epochs: int = 1
     image_size: int | None = None
@@ -120,6 +121,7 @@ def measured_finetune(
                 epochs=spec.epochs,
                 mode=spec.mode,
                 split=spec.split,
+                freeze_index=spec.freeze_index,
                 seed=spec.seed,
                 image_size=spec.image_size,
                 cache_features=spec.cache_features,
@@ -177,6 +179,11 @@ def measured_finetune(
         "split_ms": round(result.split_seconds * 1e3, 3),
         "setup_s": round(epoch_start - started, 2),
         "run_s": round(ended - started, 2),
+        "extract_timeline": [
+            {"shard": r.shard, "start_s": round(r.started - epoch_start, 3), "seconds": round(r.seconds, 3),
+             "server_ms": r.server_ms, "cos_batches": r.cos_batch_sizes}
+            for r in sorted(probe.extracts, key=lambda r: r.started)
+        ],
         "epochs": [
             {"epoch": m.epoch, "seconds": round(m.seconds, 3), "bytes_received": m.bytes_received,
              "requests": m.requests, "eval_accuracy": m.eval_accuracy}

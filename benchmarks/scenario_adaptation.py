@@ -267,6 +267,9 @@ def run_adaptation(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
                 limit = _status_field(pid, "VmData") + budget
                 resource.prlimit(pid, resource.RLIMIT_DATA, (limit, limit))
             row = _point(requester, testbed, pid, k, adaptive)
+            row.update(model=ARCH, dataset=data.container, dataset_source=data.manifest.source,
+                       stored_bytes_per_sample=round(data.manifest.mean_shard_bytes_per_sample, 1),
+                       rate_target_mbit=None, budget_bytes=budget)
             results.add(row)
             results.write(Path(out_dir))
             print(f"[adaptation] BA {'on ' if adaptive else 'off'} {k} requests: {row['completed']} completed, "

@@ -80,6 +80,7 @@ def e2e_grid(quick: bool, *, tiny: bool = False) -> E2EGrid:
 def run_e2e(testbed: Testbed, out_dir: str, quick: bool = True, tiny: bool = False) -> int:
     """The ``e2e`` scenario on ``testbed``; writes ``e2e.json``, ``e2e.csv`` and plots."""
     grid = e2e_grid(quick, tiny=tiny)
+    print(f"[e2e] grid: {grid.note}; training batch {grid.batch_size}", flush=True)
     out = Path(out_dir)
     testbed.start_stack()
     testbed.set_rate(None)

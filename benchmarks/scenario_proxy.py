@@ -13,6 +13,7 @@ import importlib.util
 from pathlib import Path
 
 from .data import ensure_dataset, ensure_models, photos_spec
+from .plots import plot_proxy
 from .results import ResultSet
 from .runs import RunSpec, measured_finetune, warm_server
 from .testbed import Testbed
@@ -21,7 +22,6 @@ from .thesis import TABLE_5_1
 __all__ = ["in_proxy_available", "run_proxy"]
 
 RATE_MBIT = 1000.0
-_IN_PROXY_FILTER = {"hapi": {"execution": "in_proxy", "torch_threads": "1", "max_concurrent": "2"}}
 
 
 def in_proxy_available() -> str | None:
@@ -46,7 +46,10 @@ def run_proxy(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
         results.write(out)
         print(f"[proxy] not available: {missing}", flush=True)
         return 0
-    for execution, filters in (("decoupled", {}), ("in_proxy", _IN_PROXY_FILTER)):
+    cores = str(len(testbed.cores.server))
+    # The same threads and concurrency as the testbed's HAPI server: one request per server core.
+    in_proxy = {"hapi": {"execution": "in_proxy", "torch_threads": cores, "max_concurrent": cores}}
+    for execution, filters in (("decoupled", {}), ("in_proxy", in_proxy)):
         testbed.start_stack(proxy_extra_filters=filters)
         testbed.set_rate(None)
         conn = testbed.connection()
@@ -69,6 +72,6 @@ def run_proxy(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
                   f"(storage CPU {row['storage_cpu_s']:.2f} s)", flush=True)
         results.meta.setdefault("link_checks", []).append(check.as_dict())
     testbed.stop_stack()
-    paths = results.write(out)
+    paths = results.write(out) + plot_proxy(results, out)
     print("[proxy] wrote " + ", ".join(str(p) for p in paths), flush=True)
     return 0

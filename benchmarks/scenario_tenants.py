@@ -64,7 +64,7 @@ def _run_round(testbed: Testbed, specs: list[RunSpec], check: Any) -> dict[str, 
         "makespan_s": round(max(jcts), 3),
         "avg_jct_s": round(statistics.fmean(jcts), 3),
         "jct_s": [round(j, 3) for j in jcts],
-        "models": [s.model.arch for s in specs],
+        "models": ",".join(s.model.arch for s in specs),
         "storage_cpu_s": round(parts.storage_cpu, 3),
         "client_cpu_s": round(parts.client_cpu, 3),
         "bytes_received": sum(int(r["bytes_received"]) for r in rows if r),
@@ -74,7 +74,8 @@ def _run_round(testbed: Testbed, specs: list[RunSpec], check: Any) -> dict[str, 
 def run_tenants(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
     """The ``tenants`` scenario on ``testbed``; writes ``tenants.json``, ``tenants.csv``, ``tenants.png``."""
     counts = (1, 2, 4, 8) if quick else tuple(range(1, 11))
-    testbed.start_stack(settings={"cpu_memory_budget_bytes": BUDGET_BYTES})
+    # Jobs run concurrently on the server (as on the thesis' GPUs), within the memory budget.
+    testbed.start_stack(settings={"cpu_memory_budget_bytes": BUDGET_BYTES, "max_concurrent_per_device": 8})
     testbed.set_rate(None)
     conn = testbed.connection()
     try:
@@ -103,7 +104,7 @@ def run_tenants(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
                         RATE_MBIT, batch_size=SHARD, split="freeze", progress=False)
                 for i in range(n)
             ]
-            row = {"mode": mode, "tenants": n, "rate_target_mbit": RATE_MBIT,
+            row = {"mode": mode, "tenants": n, "dataset": data.container, "rate_target_mbit": RATE_MBIT,
                    "rate_measured_mbit": round(check.measured_mbit, 2), "rate_flagged": check.flagged,
                    "stored_bytes_per_sample": round(data.manifest.mean_shard_bytes_per_sample, 1),
                    **_run_round(testbed, specs, check)}

@@ -13,7 +13,6 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .errors import ScenarioError
 from .testbed import Testbed, run_job
@@ -89,9 +88,12 @@ def testbed_job(testbed: Testbed, names: list[str], out_dir: str, quick: bool) -
 
 def run_scenarios(
     names: list[str], out_dir: Path, *, quick: bool, state_dir: Path, shaping: bool | None = None,
-    extra: dict[str, Any] | None = None,
+    nice: int = 0,
 ) -> int:
-    """Run ``names`` (``all`` for every scenario) and return an exit code (1 if any failed)."""
+    """Run ``names`` (``all`` for every scenario) and return an exit code (1 if any failed).
+
+    ``nice`` applies to the testbed scenarios (see :func:`hapi_bench.run_job`).
+    """
     if names == ["all"]:
         names = list(ORDER)
     unknown = [n for n in names if n not in SCENARIOS]
@@ -102,6 +104,6 @@ def run_scenarios(
     out = str(out_dir.resolve())
     code = _run_each(local, lambda s: _function(s.entry)(out_dir=out, quick=quick)) if local else 0
     if remote:
-        kwargs = {"names": remote, "out_dir": out, "quick": quick, **(extra or {})}
-        code |= run_job("hapi_bench.scenarios:testbed_job", kwargs, state_dir, shaping=shaping)
+        kwargs = {"names": remote, "out_dir": out, "quick": quick}
+        code |= run_job("hapi_bench.scenarios:testbed_job", kwargs, state_dir, shaping=shaping, nice=nice)
     return code

@@ -36,7 +36,8 @@ def _run(args: argparse.Namespace) -> int:
           f"{'shaped with tc in private network namespaces' if reason is None else f'throttled by a client-side token bucket ({reason})'}",
           flush=True)
     shaping = {"auto": None, "tc": True, "throttle": False}[args.shaping]
-    code = run_scenarios([args.scenario], args.out, quick=args.quick, state_dir=args.state_dir, shaping=shaping)
+    code = run_scenarios([args.scenario], args.out, quick=args.quick, state_dir=args.state_dir, shaping=shaping,
+                         nice=args.nice)
     if args.scenario == "all":
         path = write_report(args.out, args.out / "results.md")
         print(f"wrote {path} (`hapi bench report` writes docs/results.md)")
@@ -62,6 +63,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="the benchmark stack's data and logs (default: %(default)s)")
     p.add_argument("--shaping", choices=("auto", "tc", "throttle"), default="auto",
                    help="tc: require namespaces + tc; throttle: the token bucket (default: best available)")
+    p.add_argument("--nice", type=int, default=0,
+                   help="niceness added to the benchmark's processes; negative (as root) keeps other work on a "
+                   "shared machine from disturbing the measurements (default: %(default)s)")
     p.add_argument("--report-out", type=Path, default=Path("docs/results.md"),
                    help="where `report` writes (default: %(default)s)")
     p.set_defaults(func=_run)

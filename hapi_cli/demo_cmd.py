@@ -39,12 +39,12 @@ def _run(args: argparse.Namespace) -> int:
     print(f"hapi demo: the link will be limited with {how}", flush=True)
     config = {
         "rate_mbit": args.rate, "train_per_class": args.train_per_class, "test_per_class": args.test_per_class,
-        "batch_size": args.batch_size, "epochs": args.epochs,
+        "batch_size": args.batch_size, "epochs": args.epochs, "freeze_index": args.freeze_index,
     }
     args.state_dir.mkdir(parents=True, exist_ok=True)
     results = args.state_dir / "demo-results.json"
     code = run_job("hapi_bench.demo:demo_job", {"config": config, "results_path": str(results.resolve())},
-                   args.state_dir, shaping=_shaping(args.shaping))
+                   args.state_dir, shaping=_shaping(args.shaping), nice=args.nice)
     if args.keep:
         _keep(args.state_dir)
     print(f"hapi demo: {'done' if code == 0 else 'HAPI did not beat BASELINE'} in "
@@ -71,7 +71,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="held-out photos per class (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=_DEFAULT.batch_size, help="default: %(default)s")
     p.add_argument("--epochs", type=int, default=_DEFAULT.epochs, help="default: %(default)s")
+    p.add_argument("--freeze-index", type=int, default=_DEFAULT.freeze_index,
+                   help="layers before it stay frozen (default: %(default)s, the last two stages and the head train)")
     p.add_argument("--shaping", choices=("auto", "tc", "throttle"), default="auto",
                    help="tc: require namespaces + tc; throttle: the token bucket (default: best available)")
+    p.add_argument("--nice", type=int, default=0,
+                   help="niceness added to the demo's processes; negative (as root) keeps other work on a shared "
+                   "machine from disturbing the timings (default: %(default)s)")
     p.add_argument("--keep", action="store_true", help="leave the stack running afterwards (on loopback)")
     p.set_defaults(func=_run)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from hapi_bench import ORDER, ResultSet
+
 from hapi_cli.main import main
 
 

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from hapi_bench import run_job
 
 FIELDS = {

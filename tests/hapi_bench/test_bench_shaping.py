@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from hapi_bench import TOLERANCE, ByteSource, ThrottleLink, measure_rate, run_job, shaping_support
 
 

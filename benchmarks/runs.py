@@ -36,6 +36,8 @@ class RunSpec:
     batch_size: int = 64
     split: int | Literal["auto", "freeze"] = "auto"
     freeze_index: int | None = None
+    prefetch: int | None = None
+    """Shards in flight (requests or downloads); None: the client's default."""
     eval_container: str | None = None
     epochs: int = 1
     image_size: int | None = None
@@ -122,6 +124,7 @@ def measured_finetune(
                 mode=spec.mode,
                 split=spec.split,
                 freeze_index=spec.freeze_index,
+                prefetch=spec.prefetch,
                 seed=spec.seed,
                 image_size=spec.image_size,
                 cache_features=spec.cache_features,

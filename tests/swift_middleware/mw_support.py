@@ -14,7 +14,7 @@ import torch
 
 from hapi_contract import BatchFrame, EndFrame, FrameDecoder
 from hapi_stack import RunningStack, render_proxy_conf
-from tests.hapi_server.conftest import free_port
+from tests.hapi_server.conftest import ServerProcess, free_port
 
 MW_DATA = "hapi-mw-data"
 MW_MODELS = "hapi-mw-models"
@@ -23,28 +23,13 @@ SHARD_META = {"X-Object-Meta-Source": "hapi-mw-test", "X-Object-Meta-Colour": "b
 IMAGE_SIDE = 64  # alexnet needs at least 63 pixels
 HAPI = {"X-Hapi-Request": "extract"}
 
-@dataclass
-class ProxyProcess:
-    """A Swift proxy with the filter; ``url`` is its base URL."""
 
-    url: str
-    process: subprocess.Popen[bytes]
-    log: Path
+@dataclass
+class ProxyProcess(ServerProcess):
+    """A Swift proxy with the filter; ``url`` is its base URL (stopped like a HAPI server)."""
 
     def account_url(self, account: str = "AUTH_test") -> str:
         return f"{self.url}/v1/{account}"
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-    def log_tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
 
 
 def start_proxy(stack: RunningStack, work_dir: Path, options: dict[str, str]) -> ProxyProcess:

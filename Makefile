@@ -6,6 +6,10 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.hapi-installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# Wait (up to 10 min) for another apt/dpkg process to release its lock instead of failing. The
+# option covers the dpkg frontend lock of `install`; the lists lock of `update` has no wait option
+# in apt 2.6 (checked: it fails at once), hence the retry loop around `update`.
+APT_GET := apt-get -o DPkg::Lock::Timeout=600
 
 .PHONY: install system-deps demo test lint bench stack-up stack-down clean
 
@@ -32,7 +36,9 @@ system-deps:
 	command -v docker-compose >/dev/null || missing="$$missing docker-compose"; \
 	if [ -n "$$missing" ]; then \
 		echo "== apt-get install$$missing"; \
-		$(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q $$missing; \
+		for try in $$(seq 60); do $(SUDO) $(APT_GET) update -q && break; \
+			[ $$try = 60 ] && exit 1; echo "== apt is busy (another apt holds its lock?), retrying in 10 s"; sleep 10; done; \
+		$(SUDO) $(APT_GET) install -y -q $$missing; \
 	fi
 
 test: install

@@ -16,12 +16,17 @@ def _centred_gram(data: Tensor, ref: int) -> Tensor:
     cancellation in the expansion costs little (here about 1e-5 relative in float32, better than
     ``torch.cdist``'s direct kernel at d = 1e6). On CUDA the product follows torch's float32
     matmul precision setting: with TF32 enabled (``torch.set_float32_matmul_precision("high")``)
-    distances are only good to about 1e-3 relative.
+    distances are only good to about 1e-3 relative. The result is exactly symmetric.
     """
     centred = data - data[ref]
     gram = centred @ centred.T
     sq = gram.diagonal()
-    return (sq.unsqueeze(0) + sq.unsqueeze(1) - 2.0 * gram).clamp_min_(0.0)
+    dist = sq.unsqueeze(0) + sq.unsqueeze(1) - 2.0 * gram
+    # A BLAS product need not be exactly symmetric (blocking and vector width differ between
+    # CPUs), and Krum/Bulyan compare d(i, j) with d(j, i) when two candidates are left: average
+    # the two halves so that such a pair is tied exactly and the tie goes to the lower index.
+    # (a + b) * 0.5 == (b + a) * 0.5 bit for bit, so the result is symmetric.
+    return ((dist + dist.T) * 0.5).clamp_min_(0.0)
 
 
 def _mark(dist: Tensor, finite: Tensor) -> Tensor:

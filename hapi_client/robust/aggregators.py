@@ -430,6 +430,10 @@ class Bulyan(Aggregator):
     2. Per coordinate j: M[j] = median of the theta selected values (D6 for even theta); output
        the average of the beta = n - 4f selected values closest to M[j].
 
+    Ties break by input index everywhere: the distance matrix is exactly symmetric, so the two
+    candidates of a last Krum round have equal scores and the lower index wins; in phase 2, of
+    two values equally far from the median the one of the lower input index is kept.
+
     Requires n >= 4f+3; cost O(n^2 d) for the distances plus O(theta d) per phase-2 step.
     Non-finite inputs rank last in every Krum round; with at most f of them all theta
     selections are finite, since n - f >= theta.
@@ -467,11 +471,14 @@ class Bulyan(Aggregator):
         return torch.tensor(picks, dtype=torch.long, device=data.device)
 
     def _aggregate(self, data: Tensor) -> Tensor:
-        selected = data[self._select(data)]
+        # Phase 2 depends only on the selected set: in input order, a stable sort gives two
+        # values equally far from the median (c - e and c + e) to the lower input index, where
+        # topk's choice would be unspecified and change the output.
+        selected = data[self._select(data).sort().values]
         beta = self.n - 4 * self.f
         if beta == selected.shape[0]:
             return selected.mean(dim=0)
         centre = median_rows(selected)
         deviation = torch.nan_to_num((selected - centre).abs(), nan=float("inf"))
-        closest = torch.topk(deviation, beta, dim=0, largest=False).indices
+        closest = torch.sort(deviation, dim=0, stable=True).indices[:beta]
         return selected.gather(0, closest).mean(dim=0)

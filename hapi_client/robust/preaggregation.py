@@ -88,7 +88,8 @@ class NearestNeighborMixing(PreAggregator):
         k = self.n - self.f
         finite = finite_rows(data)
         dist = pairwise_sq_distances(data, finite)
-        neighbours = torch.topk(dist, k, dim=1, largest=False).indices
+        # A stable sort, not topk: of equidistant neighbours the lower index is taken, on every CPU.
+        neighbours = torch.argsort(dist, dim=1, stable=True)[:, :k]
         weights = torch.zeros(self.n, self.n, dtype=data.dtype, device=data.device)
         weights.scatter_(1, neighbours, 1.0 / k)
         all_finite = bool(finite.all())

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from hapi_client.robust._distances import pairwise_sq_distances
 from hapi_client.robust import (
     MDA,
     Aggregator,
@@ -298,10 +299,10 @@ def test_mda_refuses_huge_searches() -> None:
         MDA(12, 5, max_subsets=100)
 
 
-def _reference_bulyan(x: np.ndarray, f: int) -> np.ndarray:
-    """Straight loop version of thesis Algorithm 1 with Krum (>= 1 neighbour) inside."""
+def _reference_bulyan_picks(x: np.ndarray, f: int) -> list[int]:
+    """Phase 1 of thesis Algorithm 1 as a straight loop, Krum (>= 1 neighbour) inside."""
     n = len(x)
-    theta, beta = n - 2 * f, n - 4 * f
+    theta = n - 2 * f
     remaining = list(range(n))
     selected: list[int] = []
     for _ in range(theta):
@@ -311,10 +312,16 @@ def _reference_bulyan(x: np.ndarray, f: int) -> np.ndarray:
         for i in remaining:
             d = sorted(float(np.sum((x[i] - x[j]) ** 2)) for j in remaining if j != i)
             scores.append(sum(d[:k]))
-        best = remaining[int(np.argmin(scores))]
+        best = remaining[int(np.argmin(scores))]  # first minimum: ties go to the lower index
         selected.append(best)
         remaining.remove(best)
-    sel = x[selected]
+    return selected
+
+
+def _reference_bulyan(x: np.ndarray, f: int) -> np.ndarray:
+    """Thesis Algorithm 1: the picks above, then phase 2 over them in input order."""
+    beta = len(x) - 4 * f
+    sel = x[sorted(_reference_bulyan_picks(x, f))]
     out = np.empty(x.shape[1])
     for j in range(x.shape[1]):
         med = np.median(sel[:, j])
@@ -372,16 +379,71 @@ def test_repr_names_parameters() -> None:
     assert repr(Bulyan(7, 1)) == "Bulyan(n=7, f=1)"
 
 
+def _offset_inputs(n: int, d: int, seed: int) -> torch.Tensor:
+    """A large common offset, an outlier in row 0 and honest rows of clearly different spread.
+
+    The offset and the outlier are the worst case for the ``|a|^2 + |b|^2 - 2ab`` expansion.
+    Row i's noise scale grows by 10 % per row, so Krum scores differ by several percent between
+    rows: far above float32's resolution of the distances (about 1e-5 relative, see
+    test_float32_distances_are_symmetric_and_accurate), so the rule's choice is well defined.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    scale = 0.01 * (1.0 + 0.1 * torch.arange(n, dtype=torch.float64)).unsqueeze(1)
+    x = 1000.0 + scale * torch.randn(n, d, generator=gen, dtype=torch.float64)
+    x[0] = 1e6
+    return x.float()  # the float64 run below sees exactly the same (rounded) inputs
+
+
+def test_float32_distances_are_symmetric_and_accurate() -> None:
+    x32 = _offset_inputs(11, 100_000, seed=9)
+    finite = torch.ones(11, dtype=torch.bool)
+    d32 = pairwise_sq_distances(x32, finite)
+    d64 = pairwise_sq_distances(x32.double(), finite)
+    assert torch.equal(d32, d32.T)  # exactly, whatever the BLAS kernel
+    # Honest pairs: centred float32 dot products over d = 1e5 terms; blocked summation keeps
+    # the error near sqrt(d) * 2^-24 ~ 2e-5 relative to |c|^2 (same order as the distances).
+    honest32, honest64 = d32[1:, 1:].double(), d64[1:, 1:]
+    torch.testing.assert_close(honest32, honest64, rtol=2e-4, atol=0.0)
+
+
+@pytest.mark.parametrize("seed", [9, 10, 11])
 @pytest.mark.parametrize("name", ["krum", "multi_krum", "bulyan"])
-def test_float32_selection_matches_float64_with_offset_and_outlier_first(name: str) -> None:
-    # A large common offset plus an outlier in row 0 is the worst case for the
-    # |a|^2 + |b|^2 - 2ab distance expansion; the selections must match a float64 run.
-    n, d = 11, 100_000
-    gen = torch.Generator().manual_seed(9)
-    x64 = 1000.0 + 0.01 * torch.randn(n, d, generator=gen, dtype=torch.float64)
-    x64[0] = 1e6
-    rule = get_aggregator(name, n=n, f=2)
-    chosen32 = rule.select(x64.float())  # type: ignore[attr-defined]
-    chosen64 = rule.select(x64)  # type: ignore[attr-defined]
-    assert chosen32 == chosen64
+def test_float32_selection_matches_float64_with_offset_and_outlier_first(
+    name: str, seed: int
+) -> None:
+    x32 = _offset_inputs(11, 100_000, seed)
+    rule = get_aggregator(name, n=11, f=2)
+    chosen32 = rule.select(x32)  # type: ignore[attr-defined]
+    chosen64 = rule.select(x32.double())  # type: ignore[attr-defined]
+    # The rule promises a set (Multi-Krum averages it; Bulyan's phase 2 sees it unordered).
+    assert sorted(chosen32) == sorted(chosen64)
     assert 0 not in chosen32 or name == "bulyan"
+    # Same set, so the outputs differ only by float32 rounding of a mean of ~1000-sized values.
+    out32, out64 = rule(x32), rule(x32.double())  # type: ignore[operator]
+    torch.testing.assert_close(out32.double(), out64, rtol=1e-6, atol=0.0)
+
+
+@pytest.mark.parametrize(("n", "f"), [(3, 0), (7, 1), (11, 2)])
+def test_bulyan_picks_match_reference_loop_on_random_inputs(n: int, f: int) -> None:
+    # At n = 4f+3 the last Krum rounds compare the two scores of one pair, d(i, j) and d(j, i):
+    # an exact tie that must go to the lower index (as the reference's argmin over an index-
+    # ordered list does), not to whichever half of the matrix rounded lower.
+    rng = np.random.default_rng(1234)
+    for _ in range(100):
+        x = rng.normal(size=(n, 33))
+        assert Bulyan(n, f).select(torch.from_numpy(x)) == _reference_bulyan_picks(x, f)
+
+
+def test_ties_break_by_index() -> None:
+    # Four vectors on a square (and its centre): Krum scores and distances tie exactly.
+    square = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, -1.0], [0.0, 0.0]])
+    assert Krum(4, 0).select(square[:4]) == [0]
+    assert Krum(4, 0).select(square[[2, 3, 0, 1]]) == [0]
+    assert MultiKrum(5, 1, m=3).select(square[[1, 0, 3, 2, 4]]) == [4, 0, 1]
+    # Bulyan(7, 1) keeps {3, 1, 0, -1, 10}; phase 2 keeps beta = 3 values around the median 1:
+    # 1, 0, and one of -1 and 3 (both 2 away). The lower input index wins, whatever order
+    # Krum selected them in.
+    x = torch.tensor([[0.0], [1.0], [-1.0], [3.0], [10.0], [100.0], [200.0]], dtype=torch.float64)
+    assert sorted(Bulyan(7, 1).select(x)) == [0, 1, 2, 3, 4]
+    assert Bulyan(7, 1)(x).item() == 0.0  # -1 (index 2) kept
+    assert Bulyan(7, 1)(x[[0, 1, 3, 2, 4, 5, 6]]).item() == pytest.approx(4.0 / 3.0)  # 3 kept

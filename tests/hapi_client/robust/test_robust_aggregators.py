@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from hapi_client.robust._distances import pairwise_sq_distances
 from hapi_client.robust import (
     MDA,
     Aggregator,
@@ -29,6 +28,7 @@ from hapi_client.robust import (
     get_aggregator,
     list_aggregators,
 )
+from hapi_client.robust._distances import pairwise_sq_distances
 
 ROBUST = ["median", "trimmed_mean", "krum", "multi_krum", "mda", "bulyan"]
 ALL = sorted(list_aggregators())

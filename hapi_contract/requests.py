@@ -5,9 +5,14 @@ is not a count), so a typo in a client surfaces as a 422 naming the field instea
 quietly taking its place. Models are frozen value objects; build a changed copy with
 ``model_copy(update=...)``.
 
+Every rule that JSON Schema can state is a schema constraint (lengths, bounds, patterns, unique
+items), so ``/openapi.json`` documents what is refused; the few cross-field rules are named in
+the models' descriptions.
+
 Swift names follow Swift's own limits (``swift/common/constraints.py``): a container name is at
 most 256 UTF-8 bytes and has no ``/``; an object name is at most 1024 UTF-8 bytes. Control
-characters are refused in both because names travel in URLs, headers and logs.
+characters are refused in both because names travel in URLs, headers and logs, and so are ``.``
+and ``..`` path segments, which HTTP clients remove from a URL before sending it.
 """
 
 from __future__ import annotations
@@ -17,7 +22,6 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -25,16 +29,22 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     StrictStr,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 __all__ = [
     "API_PREFIX",
+    "CONTAINER_NAME_PATTERN",
     "CONTENT_TYPE_FRAMES",
     "HEADER_AUTH_TOKEN",
     "HEADER_STORAGE_URL",
     "MAX_CONTAINER_NAME_BYTES",
     "MAX_OBJECT_NAME_BYTES",
+    "OBJECT_NAME_PATTERN",
     "Compression",
     "ContainerName",
     "ErrorBody",
@@ -77,36 +87,98 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _check_swift_name(value: str, *, what: str, limit: int) -> str:
-    if not value:
-        raise ValueError(f"{what} name must not be empty")
+# One path segment of a Swift name: no '/', no control characters, and not a dot segment ('.' or
+# '..'). HTTP clients remove dot segments from a URL's path (RFC 3986, 5.2.4) before it is sent,
+# so a name with one would make the server (and a proxy in front of Swift) read another object
+# than the one that was named and authorised. Written without look-arounds: the same pattern is
+# enforced by pydantic-core (Rust regex) and published in the JSON schema (ECMA-262).
+_SEGMENT_CHAR = r"[^/\x00-\x1f\x7f]"
+_SEGMENT_FIRST = r"[^./\x00-\x1f\x7f]"
+_SEGMENT = (
+    rf"(?:{_SEGMENT_FIRST}{_SEGMENT_CHAR}*"  # starts with anything but a dot
+    rf"|\.{_SEGMENT_FIRST}{_SEGMENT_CHAR}*"  # '.x...'
+    rf"|\.\.{_SEGMENT_CHAR}+)"  # '..x...', '...'
+)
+CONTAINER_NAME_PATTERN = rf"^{_SEGMENT}$"
+"""A container name: one segment, not '.' or '..', no '/' and no control characters."""
+
+OBJECT_NAME_PATTERN = rf"^{_SEGMENT}(?:/{_SEGMENT}?)*$"
+"""An object name: '/'-separated segments, none of them '.' or '..', the first not empty.
+
+Empty segments (``a//b``, ``a/``) are allowed: Swift stores them as written and HTTP clients
+send them unchanged.
+"""
+
+
+def _name_problem(value: str, *, what: str) -> str:
+    """Why ``value`` does not match its name pattern, in words (the pattern itself is opaque)."""
     if _CONTROL_CHARS.search(value):
-        raise ValueError(f"{what} name must not contain control characters")
-    size = len(value.encode("utf-8"))
-    if size > limit:
-        raise ValueError(f"{what} name is {size} UTF-8 bytes, the limit is {limit}")
-    return value
-
-
-def _check_container(value: str) -> str:
-    _check_swift_name(value, what="container", limit=MAX_CONTAINER_NAME_BYTES)
-    if "/" in value:
-        raise ValueError("container name must not contain '/'")
-    return value
-
-
-def _check_object(value: str) -> str:
-    _check_swift_name(value, what="object", limit=MAX_OBJECT_NAME_BYTES)
+        return f"{what} name must not contain control characters"
+    if what == "container" and "/" in value:
+        return "container name must not contain '/'"
     if value.startswith("/"):
-        raise ValueError("object name must not start with '/'")
-    return value
+        return f"{what} name must not start with '/'"
+    return (
+        f"{what} name must not have a '.' or '..' path segment "
+        "(HTTP clients would remove it, and another object would be read)"
+    )
 
 
-ContainerName = Annotated[StrictStr, AfterValidator(_check_container)]
-"""A Swift container name: 1..256 UTF-8 bytes, no '/', no control characters."""
+def _swift_name_validator(*, what: str, limit: int) -> WrapValidator:
+    def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> str:
+        try:
+            name: str = handler(value)
+        except ValidationError as exc:
+            if isinstance(value, str) and any(
+                e["type"] == "string_pattern_mismatch" for e in exc.errors()
+            ):
+                raise PydanticCustomError(
+                    "swift_name", "{problem}", {"problem": _name_problem(value, what=what)}
+                ) from None
+            raise
+        # The one rule JSON Schema cannot state (it counts characters): Swift's limit is bytes.
+        size = len(name.encode("utf-8"))
+        if size > limit:
+            raise PydanticCustomError(
+                "swift_name_too_long",
+                "{what} name is {size} UTF-8 bytes, the limit is {limit}",
+                {"what": what, "size": size, "limit": limit},
+            )
+        return name
 
-ObjectName = Annotated[StrictStr, AfterValidator(_check_object)]
-"""A Swift object name: 1..1024 UTF-8 bytes, no leading '/', no control characters."""
+    return WrapValidator(validate)
+
+
+ContainerName = Annotated[
+    StrictStr,
+    Field(
+        min_length=1,
+        max_length=MAX_CONTAINER_NAME_BYTES,
+        pattern=CONTAINER_NAME_PATTERN,
+        description=(
+            f"A Swift container name: 1..{MAX_CONTAINER_NAME_BYTES} UTF-8 bytes, no '/', no "
+            "control characters, not '.' or '..'"
+        ),
+    ),
+    _swift_name_validator(what="container", limit=MAX_CONTAINER_NAME_BYTES),
+]
+"""A Swift container name: 1..256 UTF-8 bytes, no '/', no control characters, not '.'/'..'."""
+
+ObjectName = Annotated[
+    StrictStr,
+    Field(
+        min_length=1,
+        max_length=MAX_OBJECT_NAME_BYTES,
+        pattern=OBJECT_NAME_PATTERN,
+        description=(
+            f"A Swift object name: 1..{MAX_OBJECT_NAME_BYTES} UTF-8 bytes, no leading '/', no "
+            "control characters, no '.' or '..' path segment"
+        ),
+    ),
+    _swift_name_validator(what="object", limit=MAX_OBJECT_NAME_BYTES),
+]
+"""A Swift object name: 1..1024 UTF-8 bytes, no leading '/', no control characters, and no
+'.' or '..' segment between its slashes."""
 
 _Finite = Annotated[StrictFloat, Field(allow_inf_nan=False)]
 _PositiveFinite = Annotated[StrictFloat, Field(gt=0, allow_inf_nan=False)]
@@ -145,13 +217,23 @@ class WeightsRef(_Model):
 class ModelRef(_Model):
     """Which registry architecture to build, with how many classes and which weights."""
 
-    arch: Annotated[StrictStr, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9_]+$")]
+    arch: Annotated[StrictStr, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9_]+$")] = Field(
+        description="a registry architecture; `GET /v1/models` lists those the server has (422 "
+        "for another)"
+    )
     num_classes: Annotated[StrictInt, Field(ge=1, le=100_000)]
-    weights: WeightsRef | None = None
+    weights: WeightsRef | None = Field(
+        None,
+        description="the weights to load; the server's endpoints require them (422 without), so "
+        "that the server and the client run the same network",
+    )
 
 
 class TransformSpec(_Model):
-    """The input transform: resize the short side, centre-crop, scale to [0, 1], normalise."""
+    """The input transform: resize the short side, centre-crop, scale to [0, 1], normalise.
+
+    ``crop`` must not exceed ``resize`` (422 otherwise).
+    """
 
     resize: _ImageSide
     crop: _ImageSide
@@ -186,7 +268,8 @@ class ProfileSpec(_Model):
     """The client's batch-1 profile of the model, per sample, one entry per layer.
 
     ``output_bytes_per_sample[i]`` is the float32 size of layer ``i``'s output and
-    ``activation_bytes_per_sample[i]`` the memory its forward pass needs, per sample.
+    ``activation_bytes_per_sample[i]`` the memory its forward pass needs, per sample. Both lists
+    have one entry per layer, so they must be equally long (422 otherwise).
     """
 
     input_shape: tuple[
@@ -227,6 +310,7 @@ class ExtractRequest(_Model):
     """``POST /v1/extract``: run the model up to ``split_index`` over one shard, stream features.
 
     ``split_index`` counts the layers run on the server; 0 sends the transformed input itself.
+    It must not exceed the architecture's layer count, nor the profile's when one is sent (422).
     """
 
     container: ContainerName
@@ -256,13 +340,20 @@ class OptimizerSpec(_Model):
 
 
 class FinetuneRequest(_Model):
-    """``POST /v1/finetune`` (ALL_IN_COS mode): the server trains and returns the weights."""
+    """``POST /v1/finetune`` (ALL_IN_COS mode): the server trains and returns the weights.
+
+    ``freeze_index`` must not exceed the architecture's layer count, and ``epochs`` the
+    server's ``HAPI_MAX_FINETUNE_EPOCHS`` (422 otherwise).
+    """
 
     container: ContainerName
-    shards: Annotated[list[ObjectName], Field(min_length=1, max_length=_MAX_SHARDS)]
-    eval_shards: Annotated[list[ObjectName], Field(max_length=_MAX_SHARDS)] = Field(
-        default_factory=list
-    )
+    shards: Annotated[
+        list[ObjectName],
+        Field(min_length=1, max_length=_MAX_SHARDS, json_schema_extra={"uniqueItems": True}),
+    ]
+    eval_shards: Annotated[
+        list[ObjectName], Field(max_length=_MAX_SHARDS, json_schema_extra={"uniqueItems": True})
+    ] = Field(default_factory=list)
     model: ModelRef
     target_classes: Annotated[StrictInt, Field(ge=1, le=100_000)] | None = Field(
         None, description="replace the classifier with a new one of this many classes (seeded)"
@@ -278,6 +369,11 @@ class FinetuneRequest(_Model):
 
     @model_validator(mode="after")
     def _no_duplicate_shards(self) -> FinetuneRequest:
+        # Comparing the names as strings is comparing the objects Swift reads: Swift matches
+        # names byte for byte (no case folding, no Unicode normalisation, 'a//b' is not 'a/b'),
+        # the server percent-encodes every name character but '/' (an injective encoding), and
+        # the one rewrite an HTTP client makes on the way, dot-segment removal, cannot happen
+        # because ObjectName refuses '.' and '..' segments ('a.tar' and './a.tar' never meet here).
         for field in ("shards", "eval_shards"):
             names: list[str] = getattr(self, field)
             if len(set(names)) != len(names):

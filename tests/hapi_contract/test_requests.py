@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from typing import Any
+from urllib.parse import quote
 
+import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
 from hapi_contract import (
     API_PREFIX,
+    CONTAINER_NAME_PATTERN,
     CONTENT_TYPE_FRAMES,
     HEADER_AUTH_TOKEN,
     HEADER_STORAGE_URL,
+    OBJECT_NAME_PATTERN,
     Compression,
     ErrorBody,
     ExtractRequest,
@@ -89,7 +96,6 @@ def _with(base: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     return data
 
 
-
 def _errors(model: type[BaseModel], data: dict[str, Any]) -> str:
     with pytest.raises(ValidationError) as info:
         model.model_validate(data)
@@ -117,8 +123,11 @@ def test_extract_request_accepts_good_input_and_round_trips_json() -> None:
 
 
 def test_extract_request_defaults() -> None:
-    data = {k: v for k, v in EXTRACT.items()
-            if k not in {"profile", "output_dtype", "compression", "request_id"}}
+    data = {
+        k: v
+        for k, v in EXTRACT.items()
+        if k not in {"profile", "output_dtype", "compression", "request_id"}
+    }
     data["model"] = {"arch": "resnet18", "num_classes": 1000}
     req = ExtractRequest.model_validate(data)
     assert req.output_dtype is OutputDtype.FLOAT32
@@ -137,13 +146,14 @@ def test_models_are_frozen() -> None:
     ("path", "value", "message"),
     [
         ("surprise", 1, "Extra inputs are not permitted"),
-        ("container", "", "container name must not be empty"),
+        ("container", "", "at least 1 character"),
         ("container", "a/b", "must not contain '/'"),
-        ("container", "x" * 257, "the limit is 256"),
+        ("container", "x" * 257, "at most 256 characters"),
         ("container", "é" * 129, "258 UTF-8 bytes"),
         ("container", 5, "valid string"),
         ("shard", "/abs/path", "must not start with '/'"),
-        ("shard", "x" * 1025, "the limit is 1024"),
+        ("shard", "x" * 1025, "at most 1024 characters"),
+        ("shard", "é" * 513, "1026 UTF-8 bytes, the limit is 1024"),
         ("shard", "bad\nname", "control characters"),
         ("shard", DELETE, "Field required"),
         ("model.arch", "AlexNet", "should match pattern"),
@@ -154,7 +164,7 @@ def test_models_are_frozen() -> None:
         ("model.num_classes", True, "valid integer"),
         ("model.weights.sha256", "AB" * 32, "should match pattern"),
         ("model.weights.sha256", "ab" * 31, "should match pattern"),
-        ("model.weights.object", "", "object name must not be empty"),
+        ("model.weights.object", "", "at least 1 character"),
         ("model.weights.container", "m/n", "must not contain '/'"),
         ("split_index", -1, "greater than or equal to 0"),
         ("split_index", 2.0, "valid integer"),
@@ -302,3 +312,88 @@ def test_output_bytes_per_split_and_dtype() -> None:
     assert output_bytes(spec, 2, OutputDtype.BFLOAT16) == 150
     with pytest.raises(ValueError, match="outside 0..3"):
         output_bytes(spec, 4, OutputDtype.FLOAT32)
+
+
+# --- dot segments: the object that is named is the object that is read -------------------------
+
+DOT_NAMES = [".", "..", "./a.tar", "../a.tar", "a/../b", "a/./b", "a/.", "a/..", "a//./b"]
+
+
+@pytest.mark.parametrize("name", DOT_NAMES)
+@pytest.mark.parametrize("path", ["shard", "model.weights.object"])
+def test_object_names_with_dot_segments_are_refused(path: str, name: str) -> None:
+    text = _errors(ExtractRequest, _with(EXTRACT, path, name))
+    assert "must not have a '.' or '..' path segment" in text
+
+
+@pytest.mark.parametrize("name", [".", ".."])
+@pytest.mark.parametrize("path", ["container", "model.weights.container"])
+def test_container_names_that_are_dot_segments_are_refused(path: str, name: str) -> None:
+    text = _errors(ExtractRequest, _with(EXTRACT, path, name))
+    assert "must not have a '.' or '..' path segment" in text
+
+
+@pytest.mark.parametrize(
+    "name", [".hidden", "...", "..a", "a..b", "a/.b/..c/...", "a//b", "a/", "a\\..\\b", "é/ü.tar"]
+)
+def test_names_with_dots_that_are_not_dot_segments_are_accepted(name: str) -> None:
+    assert ExtractRequest.model_validate(_with(EXTRACT, "shard", name)).shard == name
+    if "/" not in name:
+        assert ExtractRequest.model_validate(_with(EXTRACT, "container", name)).container == name
+
+
+def test_finetune_refuses_dot_aliases_of_a_shard() -> None:
+    # 'a.tar' and './a.tar' would be the same object once an HTTP client removed the dot segment.
+    text = _errors(FinetuneRequest, _with(FINETUNE, "shards", ["a.tar", "./a.tar"]))
+    assert "shards.1" in text and "'.' or '..' path segment" in text
+
+
+def _remove_dot_segments(path: str) -> str:
+    """RFC 3986, 5.2.4, written out here so the test does not trust the code under test."""
+    out: list[str] = []
+    for seg in path.split("/"):
+        if seg == "..":
+            if len(out) > 1:
+                out.pop()
+        elif seg != ".":
+            out.append(seg)
+    if path.split("/")[-1] in {".", ".."}:
+        out.append("")
+    return "/".join(out)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=st.sampled_from(["a", "é", ".", "/", "\\", "%", " "]), max_size=12))
+def test_an_accepted_object_name_reaches_swift_unchanged(name: str) -> None:
+    """Accepted iff a non-empty name without a leading '/' has no dot segment; and every
+    accepted name leaves an HTTP client's URL path as written (what Swift then reads)."""
+    data = _with(EXTRACT, "shard", name)
+    segments = name.split("/")
+    expected = bool(name) and not name.startswith("/") and not ({".", ".."} & set(segments))
+    try:
+        ExtractRequest.model_validate(data)
+        accepted = True
+    except ValidationError:
+        accepted = False
+    assert accepted == expected, name
+    if accepted:
+        path = "/v1/AUTH_t/c/" + quote(name, safe="/")
+        assert _remove_dot_segments(path) == path
+        assert httpx.URL("http://swift" + path).raw_path.decode() == path
+
+
+def test_name_rules_are_in_the_json_schema() -> None:
+    """The schema states the rules pydantic enforces, so a schema-valid name is never refused."""
+    props = ExtractRequest.model_json_schema()["properties"]
+    assert props["container"]["pattern"] == CONTAINER_NAME_PATTERN
+    assert props["container"]["minLength"] == 1 and props["container"]["maxLength"] == 256
+    assert props["shard"]["pattern"] == OBJECT_NAME_PATTERN
+    assert props["shard"]["minLength"] == 1 and props["shard"]["maxLength"] == 1024
+    ft = FinetuneRequest.model_json_schema()["properties"]
+    assert ft["shards"]["uniqueItems"] is True and ft["eval_shards"]["uniqueItems"] is True
+    assert ft["shards"]["items"]["pattern"] == OBJECT_NAME_PATTERN
+    # The pattern, read as ECMA/Python regex, agrees with the validator on the tricky cases.
+    for name in [*DOT_NAMES, "/a", "a\nb"]:
+        assert re.fullmatch(OBJECT_NAME_PATTERN, name) is None, name
+    for name in [".hidden", "...", "a//b", "a/"]:
+        assert re.fullmatch(OBJECT_NAME_PATTERN, name), name

@@ -48,7 +48,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="configs, rings, data, logs and pids.json (default: %(default)s)",
     )
 
-    start = actions.add_parser("up", parents=[state], help="start the stack (idempotent)")
+    start = actions.add_parser(
+        "up",
+        parents=[state],
+        help="start the stack, or only its stopped services (idempotent)",
+        description="Start the stack. On a stack that is partly down (a service crashed or was "
+        "killed) start only the services that are down and keep the others (and memcached's "
+        "tokens) running; give the same settings as the first `up`.",
+    )
     start.add_argument("--host", default=_DEFAULTS.host, help="IPv4 address to listen on")
     for setting in PORT_SETTINGS:
         start.add_argument(
@@ -115,7 +122,12 @@ def _up(args: argparse.Namespace) -> int:
     began = time.monotonic()
     stack = up(config)
     elapsed = time.monotonic() - began
-    if stack.started_now:
+    if stack.started_now and len(stack.started) < len(stack.services):
+        print(
+            f"Restarted {', '.join(stack.started)} in {elapsed:.1f} s; the other services kept "
+            f"running (state in {stack.config.state_dir}):"
+        )
+    elif stack.started_now:
         print(f"Started the stack in {elapsed:.1f} s (state in {stack.config.state_dir}):")
     else:
         print(f"Already running (state in {stack.config.state_dir}); started nothing:")

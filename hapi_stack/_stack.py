@@ -27,7 +27,7 @@ from hapi_stack._record import (
     remove_record,
     write_record,
 )
-from hapi_stack._services import stack_services
+from hapi_stack._services import ServiceSpec, stack_services
 from hapi_stack.errors import (
     PortInUseError,
     StackError,
@@ -55,12 +55,15 @@ class RunningStack:
     """A running stack: where to reach it, who may log in, and the processes it runs.
 
     Two values compare equal when they describe the same processes; ``started_now`` says whether
-    the ``up`` call that returned this value started them.
+    the ``up`` call that returned this value started any of them, ``started`` which.
     """
 
     config: StackConfig
     services: tuple[ServiceProcess, ...]
     started_now: bool = field(default=False, compare=False)
+    started: tuple[str, ...] = field(default=(), compare=False)
+    """Names of the services the ``up`` call that returned this value started (all of them on a
+    fresh start, only those that were down when it completed a partly stopped stack)."""
 
     @property
     def proxy_url(self) -> str:
@@ -224,6 +227,96 @@ def _check_ports(config: StackConfig) -> None:
             raise PortInUseError(config.host, port, setting)
 
 
+def _refuse_other_settings(existing: StackRecord, config: StackConfig, root: Path) -> None:
+    running, wanted = existing.config.shape(), config.shape()
+    if running != wanted:
+        changes = ", ".join(
+            f"{key} {running[key]!r} (asked {wanted[key]!r})"
+            for key in running
+            if running[key] != wanted.get(key)
+        )
+        raise StackError(
+            f"a stack with other settings already runs in {root}: {changes}; "
+            "stop it first (`hapi stack down`)"
+        )
+
+
+def _spawn(spec: ServiceSpec, paths: StatePaths) -> ServiceProcess:
+    log_path = paths.log(spec.name)
+    proc = spawn(spec.argv, {**os.environ, **spec.env}, log_path)
+    return ServiceProcess(
+        name=spec.name,
+        pid=proc.pid,
+        start_time=proc.start_time,
+        port=spec.port,
+        health_url=spec.health_url,
+        log_path=log_path,
+    )
+
+
+def _start_all(config: StackConfig, paths: StatePaths) -> StackRecord:
+    specs = stack_services(config)
+    _check_ports(config)
+    prepare_state_dir(config)
+    record = StackRecord(config=config)
+    try:
+        for spec in specs:
+            record.services.append(_spawn(spec, paths))
+            # Recorded at once: if this process dies mid-start, `down` still finds them.
+            write_record(paths.pids_file, record)
+        _wait_ready(record, config.start_timeout)
+    except BaseException:
+        try:
+            _stop(record, config.stop_timeout)
+        except StackError as cleanup_error:
+            # Keep pids.json so that `down` can try again; the first error is the story.
+            logger.error("cleaning up after a failed start: %s", cleanup_error)
+        else:
+            remove_record(paths.pids_file)
+        raise
+    return record
+
+
+def _start_missing(existing: StackRecord, config: StackConfig, paths: StatePaths) -> list[str]:
+    """Start the services of ``existing`` that are down, in start order; leave the others alone.
+
+    Restarting a live service would cost its state: memcached holds every tempauth token, and the
+    HAPI server its loaded models. Returns the names started. On failure it stops only what it
+    started and puts the previous record back, so the stack is as partly down as before.
+    """
+    live = {s.name: s for s in existing.services if is_alive(s.process)}
+    specs = stack_services(existing.config)
+    missing = [spec for spec in specs if spec.name not in live]
+    for spec in missing:
+        if port_in_use(config.host, spec.port):
+            setting = next(
+                s for s in config.active_port_settings() if getattr(config, s) == spec.port
+            )
+            raise PortInUseError(config.host, spec.port, setting)
+    prepare_state_dir(existing.config)  # same settings: same files, rings kept
+    record = existing.model_copy(deep=True)
+    current = dict(live)
+    started: list[ServiceProcess] = []
+    try:
+        for spec in missing:
+            current[spec.name] = service = _spawn(spec, paths)
+            started.append(service)
+            # Recorded at once, in start order, dead entries replaced: `down` stops these PIDs.
+            record.services = [current[s.name] for s in specs if s.name in current]
+            write_record(paths.pids_file, record)
+        _wait_ready(record, config.start_timeout)
+    except BaseException:
+        try:
+            stop_processes([s.process for s in reversed(started)], config.stop_timeout)
+        except OSError as cleanup_error:
+            logger.error("cleaning up after a failed restart: %s", cleanup_error)
+            # Keep the new PIDs recorded so that `down` can try again.
+        else:
+            write_record(paths.pids_file, existing)
+        raise
+    return [spec.name for spec in missing]
+
+
 def up(config: StackConfig) -> RunningStack:
     """Start the stack described by ``config``, or return it if it already runs.
 
@@ -232,65 +325,38 @@ def up(config: StackConfig) -> RunningStack:
     ``pids.json`` and waits until all answer and the admin can log in. On failure it stops what
     it started and raises StackStartError with the tail of the failing service's log.
 
+    On a partly stopped stack (some recorded service died or was killed) it starts only the
+    services that are down and keeps the others running: this is the recovery path after a
+    crash. ``RunningStack.started`` names what it started.
+
     Raises MissingBinaryError, PortInUseError (before starting anything), StackStartError, or
-    StackError when a stack with different settings already runs in the state directory.
+    StackError when a stack with different settings (even partly) runs in the state directory.
     """
     paths = StatePaths.of(config.state_dir)
     config = config.model_copy(update={"state_dir": paths.root})
     paths.root.mkdir(parents=True, exist_ok=True)
     with _locked(paths):
         existing = read_record(paths.pids_file)
-        if existing is not None:
+        if existing is not None and any(is_alive(s.process) for s in existing.services):
+            _refuse_other_settings(existing, config, paths.root)
             if _all_alive(existing):
-                running, wanted = existing.config.shape(), config.shape()
-                if running != wanted:
-                    changes = ", ".join(
-                        f"{key} {running[key]!r} (asked {wanted[key]!r})"
-                        for key in running
-                        if running[key] != wanted.get(key)
-                    )
-                    raise StackError(
-                        f"a stack with other settings already runs in {paths.root}: {changes}; "
-                        "stop it first (`hapi stack down`)"
-                    )
                 _wait_ready(existing, config.start_timeout)
                 logger.info("stack in %s already running", paths.root)
                 return RunningStack(existing.config, tuple(existing.services), started_now=False)
-            logger.warning("stack in %s is partly down; restarting it", paths.root)
-            _stop(existing, config.stop_timeout)
+            started = _start_missing(existing, config, paths)
+            record = read_record(paths.pids_file)
+            assert record is not None  # written by _start_missing under the lock
+            logger.info("stack in %s was partly down; started %s", paths.root, ", ".join(started))
+            return RunningStack(
+                record.config, tuple(record.services), started_now=True, started=tuple(started)
+            )
+        if existing is not None:
+            logger.warning("nothing recorded in %s still runs; starting the stack", paths.root)
             remove_record(paths.pids_file)
-        specs = stack_services(config)
-        _check_ports(config)
-        prepare_state_dir(config)
-        record = StackRecord(config=config)
-        try:
-            for spec in specs:
-                log_path = paths.log(spec.name)
-                proc = spawn(spec.argv, {**os.environ, **spec.env}, log_path)
-                record.services.append(
-                    ServiceProcess(
-                        name=spec.name,
-                        pid=proc.pid,
-                        start_time=proc.start_time,
-                        port=spec.port,
-                        health_url=spec.health_url,
-                        log_path=log_path,
-                    )
-                )
-                # Recorded at once: if this process dies mid-start, `down` still finds them.
-                write_record(paths.pids_file, record)
-            _wait_ready(record, config.start_timeout)
-        except BaseException:
-            try:
-                _stop(record, config.stop_timeout)
-            except StackError as cleanup_error:
-                # Keep pids.json so that `down` can try again; the first error is the story.
-                logger.error("cleaning up after a failed start: %s", cleanup_error)
-            else:
-                remove_record(paths.pids_file)
-            raise
-    logger.info("stack started in %s: %s", paths.root, ", ".join(s.name for s in specs))
-    return RunningStack(config, tuple(record.services), started_now=True)
+        record = _start_all(config, paths)
+    names = tuple(s.name for s in record.services)
+    logger.info("stack started in %s: %s", paths.root, ", ".join(names))
+    return RunningStack(config, tuple(record.services), started_now=True, started=names)
 
 
 def down(config: StackConfig) -> list[str]:

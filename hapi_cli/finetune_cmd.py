@@ -12,6 +12,7 @@ import hapi_models
 from hapi_client import (
     DEFAULT_AUTH_URL,
     DEFAULT_ENDPOINT,
+    DEFAULT_RETRY_BUDGET_S,
     MODES,
     HapiClient,
     HapiClientError,
@@ -61,6 +62,7 @@ def _run(args: argparse.Namespace) -> int:
         via=args.via,
         bandwidth_bytes_per_s=bandwidth,
         throttle_bytes_per_s=throttle,
+        retry_budget_s=args.retry_budget,
     ) as client:
         result = client.finetune(
             model=args.model,
@@ -139,6 +141,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--bandwidth-mbit", type=float, help="override the measured bandwidth")
     p.add_argument(
         "--throttle-mbit", type=float, help="limit this client's transfers (token bucket)"
+    )
+    p.add_argument(
+        "--retry-budget",
+        type=float,
+        default=DEFAULT_RETRY_BUDGET_S,
+        metavar="SECONDS",
+        help="keep retrying a failed request this long, e.g. while `hapi stack up` restarts a "
+        "service (default: %(default)s)",
     )
     p.add_argument("--endpoint", default=os.environ.get("HAPI_ENDPOINT", DEFAULT_ENDPOINT))
     p.add_argument(

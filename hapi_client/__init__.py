@@ -17,10 +17,18 @@ from .errors import (
     ServerError,
     ServerUnavailableError,
     SwiftAccessError,
+    SwiftUnavailableError,
 )
 from .feature_cache import FeatureCache
 from .finetune import MODES, EpochMetrics, FinetuneResult, run_finetune
-from .model_store import StoredModel, download_model, resolve_model, upload_model
+from .model_store import (
+    StoredModel,
+    download_model,
+    pretrained_model,
+    resolve_model,
+    upload_model,
+)
+from .retry import DEFAULT_RETRY_BUDGET_S
 from .split import SplitDecision, choose_split_index
 from .swift_session import DEFAULT_AUTH_URL, SwiftCredentials, SwiftSession
 from .throttle import TokenBucket
@@ -28,6 +36,7 @@ from .transport import HapiTransport, RetryPolicy, ShardFeatures
 
 __all__ = [
     "DEFAULT_AUTH_URL",
+    "DEFAULT_RETRY_BUDGET_S",
     "DEFAULT_ENDPOINT",
     "MODES",
     "BandwidthEstimator",
@@ -49,10 +58,12 @@ __all__ = [
     "SwiftAccessError",
     "SwiftCredentials",
     "SwiftSession",
+    "SwiftUnavailableError",
     "TokenBucket",
     "choose_split_index",
     "download_model",
     "resolve_model",
     "run_finetune",
     "upload_model",
+    "pretrained_model",
 ]

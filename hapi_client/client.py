@@ -9,11 +9,12 @@ from hapi_contract import DatasetManifest
 
 from .bandwidth import BandwidthEstimator
 from .datasets import DatasetError, load_manifest
-from .errors import SwiftAccessError
+from .errors import ConfigurationError, SwiftAccessError
 from .finetune import FinetuneResult, run_finetune
+from .retry import RetryPolicy
 from .swift_session import SwiftCredentials, SwiftSession
 from .throttle import TokenBucket
-from .transport import HapiTransport, RetryPolicy
+from .transport import HapiTransport
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:8090"
 
@@ -24,6 +25,12 @@ class HapiClient:
     >>> from hapi_client import HapiClient, SwiftCredentials
     >>> with HapiClient("http://127.0.0.1:8090", SwiftCredentials()) as client:
     ...     result = client.finetune(model="models/efficientnet_lite0", container="photos-train")
+
+    A request that fails for a reason that can pass (a service of the stack restarting) is
+    retried for ``retry_budget_s`` seconds after its first failure (default
+    :data:`~hapi_client.retry.DEFAULT_RETRY_BUDGET_S`, 120 s), then fails with
+    ServerUnavailableError or SwiftUnavailableError saying what is likely down; ``retry`` sets
+    the back-off too (:class:`~hapi_client.retry.RetryPolicy`).
     """
 
     def __init__(
@@ -35,19 +42,28 @@ class HapiClient:
         bandwidth_bytes_per_s: float | None = None,
         timeout_s: float = 600.0,
         retry: RetryPolicy | None = None,
+        retry_budget_s: float | None = None,
         throttle_bytes_per_s: float | None = None,
     ) -> None:
+        if retry is not None and retry_budget_s is not None:
+            raise ConfigurationError("give retry= or retry_budget_s=, not both")
+        try:
+            self.retry = retry or (
+                RetryPolicy() if retry_budget_s is None else RetryPolicy(budget_s=retry_budget_s)
+            )
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from exc
         self.credentials = credentials or SwiftCredentials()
         self.bandwidth = BandwidthEstimator(override=bandwidth_bytes_per_s)
         # One bucket for every transfer of this client: a link shared by Swift and HAPI traffic.
         self.throttle = TokenBucket(throttle_bytes_per_s) if throttle_bytes_per_s else None
-        self.swift = SwiftSession(self.credentials, self.bandwidth, self.throttle)
+        self.swift = SwiftSession(self.credentials, self.bandwidth, self.throttle, retry=self.retry)
         self.transport = HapiTransport(
             endpoint,
             self.swift,
             via=via,
             timeout_s=timeout_s,
-            retry=retry,
+            retry=self.retry,
             bandwidth=self.bandwidth,
             throttle=self.throttle,
         )

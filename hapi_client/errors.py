@@ -1,4 +1,13 @@
-"""Exception tree of :mod:`hapi_client` (like httpx: one base, specific subclasses)."""
+"""Exception tree of :mod:`hapi_client` (like httpx: one base, specific subclasses)::
+
+HapiClientError
+├── ConfigurationError        an argument that cannot work
+├── SwiftAccessError          Swift refused (401, 403, 404) or could not be reached
+│   └── SwiftUnavailableError   ... still unreachable or 5xx when the retry budget ran out
+├── ServerError               the HAPI server answered an error that retrying cannot fix
+├── ServerUnavailableError    the HAPI server unreachable or failing for the retry budget
+└── DeliveryError             samples lost or duplicated
+"""
 
 from __future__ import annotations
 
@@ -15,6 +24,20 @@ class SwiftAccessError(HapiClientError):
     """Swift refused or could not be reached (auth, missing container or object)."""
 
 
+class SwiftUnavailableError(SwiftAccessError):
+    """Swift did not answer, or answered 5xx, and still did when the retry budget ran out.
+
+    ``endpoint`` is ``"auth"`` (tempauth's ``/auth/v1.0``) or ``"storage"`` (an object read);
+    ``status`` is Swift's last HTTP status, None when it did not answer at all. The message says
+    what is likely down and how to bring it back.
+    """
+
+    def __init__(self, message: str, *, endpoint: str, status: int | None) -> None:
+        super().__init__(message)
+        self.endpoint = endpoint
+        self.status = status
+
+
 class ServerError(HapiClientError):
     """The HAPI server answered with an error status (after retries where retrying makes sense)."""
 
@@ -26,7 +49,16 @@ class ServerError(HapiClientError):
 
 
 class ServerUnavailableError(HapiClientError):
-    """The HAPI server could not be reached, or kept failing, within the retry budget."""
+    """The HAPI server could not be reached, or kept failing, within the retry budget.
+
+    ``status`` is its last HTTP status (None: no answer, e.g. connection refused or a stream cut);
+    ``code`` the JSON ``code`` of that answer ("" if none).
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, code: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
 
 
 class DeliveryError(HapiClientError):

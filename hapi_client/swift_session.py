@@ -1,21 +1,33 @@
-"""The caller's Swift session: credentials, token, storage URL, timed object reads."""
+"""The caller's Swift session: credentials, token, storage URL, timed object reads.
+
+Reads and logins that fail for a reason that can pass (no answer, a 5xx: a restarting proxy,
+object server or memcached) are retried on the client's time budget (:mod:`hapi_client.retry`);
+refusals (401, 403, 404) are final at once.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from http.client import HTTPException
+from typing import TypeVar
 
+import urllib3
 from swiftclient.client import ClientException, Connection
 
 from .bandwidth import BandwidthEstimator
-from .errors import SwiftAccessError
+from .errors import SwiftAccessError, SwiftUnavailableError
+from .retry import RetryClock, RetryPolicy
 from .throttle import TokenBucket
 
 log = logging.getLogger(__name__)
 
 DEFAULT_AUTH_URL = "http://127.0.0.1:8080/auth/v1.0"
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -26,65 +38,131 @@ class SwiftCredentials:
     user: str = "test:tester"
     key: str = "testing"
 
-    def connection(self) -> Connection:
+    def connection(self, *, retries: int = 2) -> Connection:
+        """A swiftclient connection; ``retries`` are swiftclient's own (count-based) retries."""
         return Connection(
-            authurl=self.auth_url, user=self.user, key=self.key, retries=2, timeout=60
+            authurl=self.auth_url, user=self.user, key=self.key, retries=retries, timeout=60
         )
 
 
-def _describe(exc: Exception, what: str, creds: SwiftCredentials) -> SwiftAccessError:
+def _status(exc: Exception) -> int | None:
+    return exc.http_status if isinstance(exc, ClientException) else None
+
+
+class _TruncatedBody(Exception):
+    """An object body ended before its Content-Length (the proxy went away mid-transfer)."""
+
+
+def is_transient(exc: Exception) -> bool:
+    """True for a failure that can pass with time: no answer at all, a cut transfer, a 5xx."""
     if isinstance(exc, ClientException):
-        status = exc.http_status
-        if status == 401:
-            return SwiftAccessError(
-                f"Swift rejected the credentials of {creds.user} at {creds.auth_url} (401)"
-            )
-        if status == 403:
-            return SwiftAccessError(f"{creds.user} may not read {what} (Swift says 403)")
-        if status == 404:
-            return SwiftAccessError(f"{what} does not exist in Swift (404)")
-        if status is None:
-            return SwiftAccessError(
-                f"cannot reach Swift at {creds.auth_url} ({exc.msg}); is the stack up? run `hapi stack up`"
-            )
-        return SwiftAccessError(f"Swift answered {status} for {what}: {exc.msg}")
-    return SwiftAccessError(
-        f"cannot reach Swift at {creds.auth_url} ({exc}); is the stack up? run `hapi stack up`"
-    )
+        return exc.http_status is None or exc.http_status >= 500
+    # requests' errors are OSErrors; a body cut mid-read surfaces from urllib3 or http.client.
+    return isinstance(exc, OSError | HTTPException | urllib3.exceptions.HTTPError | _TruncatedBody)
+
+
+def _describe(
+    exc: Exception, what: str, creds: SwiftCredentials, clock: RetryClock | None = None
+) -> SwiftAccessError:
+    status = _status(exc)
+    if status == 401:
+        return SwiftAccessError(
+            f"Swift rejected the credentials of {creds.user} at {creds.auth_url} (401)"
+        )
+    if status == 403:
+        return SwiftAccessError(f"{creds.user} may not read {what} (Swift says 403)")
+    if status == 404:
+        return SwiftAccessError(f"{what} does not exist in Swift (404)")
+    if status is not None and status < 500:
+        return SwiftAccessError(f"Swift answered {status} for {what}: {getattr(exc, 'msg', exc)}")
+    tried = f" ({clock.summary()})" if clock is not None else ""
+    endpoint = "auth" if what == _AUTH else "storage"
+    if status is None:
+        reason = getattr(exc, "msg", None) or exc
+        message = (
+            f"cannot reach Swift at {creds.auth_url}{tried}: {reason}; the Swift proxy is likely "
+            "down: is the stack up? run `hapi stack up`"
+        )
+    elif endpoint == "auth" and status == 503:
+        # tempauth answers 503 exactly when it cannot store a new token in memcached.
+        message = (
+            f"Swift auth at {creds.auth_url} answered 503{tried}: the proxy's memcached "
+            "(tempauth's token store) is likely down; run `hapi stack up`"
+        )
+    elif status == 503:
+        message = (
+            f"Swift answered 503 for {what}{tried}: no storage node answered (an object, "
+            "container or account server is likely down); run `hapi stack up`"
+        )
+    else:
+        message = f"Swift answered {status} for {what}{tried}: {getattr(exc, 'msg', exc)}"
+    return SwiftUnavailableError(message, endpoint=endpoint, status=status)
+
+
+_AUTH = "the auth endpoint"
 
 
 class SwiftSession:
-    """One authenticated Swift session; thread-safe (a connection per thread)."""
+    """One authenticated Swift session; thread-safe (a connection per thread).
+
+    ``retry`` sets how long reads and logins keep being retried after a failure that can pass
+    (default :class:`~hapi_client.retry.RetryPolicy`, whose budget outlasts a service restart).
+    """
 
     def __init__(
         self,
         credentials: SwiftCredentials,
         bandwidth: BandwidthEstimator | None = None,
         throttle: TokenBucket | None = None,
+        *,
+        retry: RetryPolicy | None = None,
     ) -> None:
         self.credentials = credentials
         self.bandwidth = bandwidth
         self.throttle = throttle
+        self.retry = retry or RetryPolicy()
         self._local = threading.local()
         self._auth_lock = threading.Lock()
         self._storage_url: str | None = None
         self._token: str | None = None
 
     def _conn(self) -> Connection:
+        # No retries of swiftclient's own: this session retries on its time budget instead.
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = self.credentials.connection()
+            conn = self.credentials.connection(retries=0)
             self._local.conn = conn
         return conn
 
-    def auth(self, *, refresh: bool = False) -> tuple[str, str]:
-        """(storage URL, token), authenticating once and again when ``refresh``."""
+    def _retrying(
+        self, what: str, attempt: Callable[[], _T], clock: RetryClock | None = None
+    ) -> _T:
+        """``attempt()`` until it succeeds, a final error, or the retry budget is spent."""
+        clock = clock or self.retry.clock(f"Swift request for {what}")
+        while True:
+            try:
+                return attempt()
+            except Exception as exc:  # swiftclient raises ClientException and socket errors
+                if not is_transient(exc) or not clock.wait(f"{what}: {exc!r}"):
+                    raise _describe(exc, what, self.credentials, clock) from exc
+
+    def auth(
+        self,
+        *,
+        refresh: bool = False,
+        stale_token: str | None = None,
+        clock: RetryClock | None = None,
+    ) -> tuple[str, str]:
+        """(storage URL, token), authenticating once and again when ``refresh``.
+
+        ``stale_token``: refresh only if the current token is still that one (another thread
+        may have refreshed it meanwhile). ``clock``: the retry clock of the request this login
+        serves, so that the login's retries count against that request's budget.
+        """
         with self._auth_lock:
-            if refresh or self._token is None:
-                try:
-                    url, token = self._conn().get_auth()
-                except Exception as exc:  # swiftclient raises ClientException and socket errors
-                    raise _describe(exc, "the auth endpoint", self.credentials) from exc
+            needed = refresh and (stale_token is None or stale_token == self._token)
+            if needed or self._token is None:
+                url, token = self._retrying(_AUTH, lambda: self._conn().get_auth(), clock)
                 self._storage_url, self._token = url, token
             assert self._storage_url is not None and self._token is not None
             return self._storage_url, self._token
@@ -92,7 +170,8 @@ class SwiftSession:
     def get(self, container: str, name: str, *, observe: bool = True) -> tuple[bytes, str]:
         """Read an object whole; its transfer feeds the bandwidth estimate."""
         what = f"{container}/{name}"
-        try:
+
+        def read() -> tuple[dict[str, str], list[bytes], float | None]:
             # Timed from the end of the first chunk to the last byte, over the bytes after the
             # first chunk: the request's latency and the server's time to first byte are not
             # the link's bandwidth. Small chunks keep that first chunk small.
@@ -105,9 +184,14 @@ class SwiftSession:
                 chunks.append(chunk)
                 if first is None:
                     first = time.perf_counter()
-            data = b"".join(chunks)
-        except Exception as exc:
-            raise _describe(exc, what, self.credentials) from exc
+            expected = headers.get("content-length", "")
+            got = sum(len(c) for c in chunks)
+            if expected.isdigit() and got != int(expected):
+                raise _TruncatedBody(f"{what}: got {got} of {expected} bytes")
+            return headers, chunks, first
+
+        headers, chunks, first = self._retrying(what, read)
+        data = b"".join(chunks)
         if observe and self.bandwidth is not None and first is not None and len(chunks) > 1:
             self.bandwidth.observe(len(data) - len(chunks[0]), time.perf_counter() - first)
         return data, headers.get("etag", "").strip('"')
@@ -115,7 +199,8 @@ class SwiftSession:
     def probe(self, container: str, name: str, nbytes: int = 8 << 20) -> float:
         """Time a ranged read of up to ``nbytes`` of an object; return bytes/s and feed the estimate."""
         what = f"{container}/{name}"
-        try:
+
+        def read() -> tuple[int, float]:
             start = time.perf_counter()
             _, body = self._conn().get_object(
                 container, name, headers={"Range": f"bytes=0-{nbytes - 1}"}, resp_chunk_size=1 << 20
@@ -125,9 +210,9 @@ class SwiftSession:
                 if self.throttle is not None:
                     self.throttle.consume(len(chunk))
                 total += len(chunk)
-            seconds = time.perf_counter() - start
-        except Exception as exc:
-            raise _describe(exc, what, self.credentials) from exc
+            return total, time.perf_counter() - start
+
+        total, seconds = self._retrying(what, read)
         rate = total / max(seconds, 1e-9)
         if self.bandwidth is not None:
             self.bandwidth.observe(total, seconds)
@@ -141,5 +226,13 @@ class SwiftSession:
         return rate
 
     def connection(self) -> Connection:
-        """This thread's swiftclient connection (for metadata operations)."""
-        return self._conn()
+        """This thread's swiftclient connection for metadata operations (listings, manifests).
+
+        It keeps swiftclient's own few retries; object reads and logins go through
+        :meth:`get` and :meth:`auth`, which retry on the time budget.
+        """
+        conn = getattr(self._local, "meta_conn", None)
+        if conn is None:
+            conn = self.credentials.connection()
+            self._local.meta_conn = conn
+        return conn

@@ -3,17 +3,19 @@
 A shard's features count only once its stream ended with a valid end frame and its offsets
 cover every sample exactly once; a connection error, a 5xx, a 503 or a truncated stream
 (e.g. the server was restarted mid-epoch) makes the whole shard request start again, so a shard
-is delivered whole or not at all.
+is delivered whole or not at all. Requests are retried on a time budget
+(:class:`~hapi_client.retry.RetryPolicy`): a restart of the HAPI server, the Swift proxy, an
+object server or memcached (``hapi stack up``) within the budget costs a pause, not the run.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -32,13 +34,18 @@ from hapi_contract import (
 
 from .bandwidth import BandwidthEstimator
 from .errors import DeliveryError, ServerError, ServerUnavailableError
+from .retry import RetryClock, RetryPolicy
 from .swift_session import SwiftSession
 from .throttle import TokenBucket
 
 log = logging.getLogger(__name__)
 
+__all__ = ["HAPI_REQUEST_HEADER", "RETRY_STATUSES", "HapiTransport", "RetryPolicy", "ShardFeatures"]
+
 RETRY_STATUSES = {500, 502, 503, 504}
 HAPI_REQUEST_HEADER = "X-Hapi-Request"
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -50,18 +57,6 @@ class ShardFeatures:
     seconds: float
     attempts: int = 1
     cos_batch_sizes: list[int] = field(default_factory=list)
-
-
-@dataclass
-class RetryPolicy:
-    attempts: int = 8
-    backoff_s: float = 0.25
-    max_backoff_s: float = 8.0
-
-    def delay(self, attempt: int, retry_after: str | None = None) -> float:
-        if retry_after and retry_after.isdigit():
-            return min(float(retry_after), self.max_backoff_s)
-        return min(self.max_backoff_s, self.backoff_s * 2**attempt) * (0.5 + random.random() / 2)  # noqa: S311
 
 
 def _detail(resp: httpx.Response) -> tuple[str, str]:
@@ -95,8 +90,10 @@ class HapiTransport:
     def close(self) -> None:
         self._http.close()
 
-    def _target(self, container: str, obj: str, what: str) -> tuple[str, dict[str, str]]:
-        storage_url, token = self.swift.auth()
+    def _target(
+        self, container: str, obj: str, what: str, clock: RetryClock
+    ) -> tuple[str, dict[str, str]]:
+        storage_url, token = self.swift.auth(clock=clock)
         headers = {"X-Auth-Token": token, "X-Storage-Url": storage_url}
         # Swift's HAPI filter serves extraction; ALL_IN_COS fine-tuning goes to the server itself.
         if self.via == "swift" and what == "extract":
@@ -105,52 +102,90 @@ class HapiTransport:
             return f"{storage_url}/{quote(container, safe='')}/{quote(obj, safe='/')}", headers
         return f"{self.endpoint}{API_PREFIX}/{what}", headers
 
-    def _fail_or_retry(self, resp: httpx.Response, attempt: int, refreshed: list[bool]) -> float:
-        """Raise for a final error; return the delay before the next attempt otherwise."""
-        detail, code = _detail(resp)
-        if resp.status_code == 401 and not refreshed[0]:
-            refreshed[0] = True
-            self.swift.auth(refresh=True)
-            return 0.0
-        if resp.status_code in RETRY_STATUSES and attempt + 1 < self.retry.attempts:
-            log.warning("HAPI %d (%s), retrying", resp.status_code, detail)
-            return self.retry.delay(attempt, resp.headers.get("retry-after"))
-        raise ServerError(resp.status_code, detail, code)
+    def _unavailable(
+        self, label: str, clock: RetryClock, last: str, status: int | None, code: str
+    ) -> ServerUnavailableError:
+        where = self.endpoint if self.via == "hapi" else "the Swift proxy's HAPI filter"
+        if code == "swift_unavailable":
+            # The server runs but cannot read Swift: the proxy or a storage server is down.
+            hint = "the Swift proxy or an object server behind the HAPI server is likely down"
+        elif status is None:
+            hint = f"the {'HAPI server' if self.via == 'hapi' else 'Swift proxy'} is likely down"
+        else:
+            hint = "it kept failing"
+        return ServerUnavailableError(
+            f"{label} via {where} failed ({clock.summary()}, retry budget "
+            f"{self.retry.budget_s:g} s): {last}; {hint}: run `hapi stack up`",
+            status=status,
+            code=code,
+        )
+
+    def _request(
+        self,
+        label: str,
+        container: str,
+        obj: str,
+        what: str,
+        send: Callable[[str, dict[str, str]], _T | httpx.Response],
+    ) -> tuple[_T, int]:
+        """``send(url, headers)`` until it returns a result; also returns the attempts made.
+
+        ``send`` returns a non-200 response as is and raises for a broken connection or stream.
+        Failures that can pass are retried until the budget is spent, then ServerUnavailableError;
+        a 4xx is final (ServerError), except one 401 per request, which renews the token first.
+        """
+        clock = self.retry.clock(label)
+        refreshed = False
+        attempts = 0
+        while True:
+            url, headers = self._target(container, obj, what, clock)
+            attempts += 1
+            retry_after: str | None = None
+            status: int | None = None
+            code = ""
+            try:
+                result = send(url, headers)
+            except httpx.TransportError as exc:
+                last = f"connection error: {exc!r}"
+            except RemoteStreamError as exc:
+                if exc.status < 500:
+                    raise ServerError(exc.status, exc.detail) from exc
+                last, status = f"the stream ended with {exc.status}: {exc.detail}", exc.status
+            except (FrameError, DeliveryError) as exc:
+                last = f"the stream broke: {exc}"
+            else:
+                if not isinstance(result, httpx.Response):
+                    return result, attempts
+                detail, code = _detail(result)
+                status = result.status_code
+                if status == 401 and not refreshed:
+                    # Tokens live in memcached: a restarted one forgot them all. Log in again.
+                    refreshed = True
+                    self.swift.auth(refresh=True, stale_token=headers["X-Auth-Token"], clock=clock)
+                    continue
+                if status not in RETRY_STATUSES:
+                    raise ServerError(status, detail, code)
+                last = f"{status} {code or 'error'}: {detail}"
+                retry_after = result.headers.get("retry-after")
+            if not clock.wait(last, retry_after):
+                raise self._unavailable(label, clock, last, status, code)
 
     def extract(self, req: ExtractRequest, num_samples: int | None = None) -> ShardFeatures:
         body = req.model_dump(mode="json")
-        refreshed = [False]
-        last_error: Exception | None = None
-        for attempt in range(self.retry.attempts):
-            url, headers = self._target(req.container, req.shard, "extract")
-            try:
-                result = self._extract_once(url, headers, body)
-            except httpx.TransportError as exc:
-                last_error = exc
-                log.warning(
-                    "HAPI connection error on %s (attempt %d): %s", req.shard, attempt + 1, exc
-                )
-                time.sleep(self.retry.delay(attempt))  # back-off between attempts
-                continue
-            except (FrameError, DeliveryError) as exc:
-                if isinstance(exc, RemoteStreamError) and exc.status < 500:
-                    raise ServerError(exc.status, exc.detail) from exc
-                last_error = exc
-                log.warning("HAPI stream of %s broke (attempt %d): %s", req.shard, attempt + 1, exc)
-                time.sleep(self.retry.delay(attempt))
-                continue
-            if isinstance(result, httpx.Response):
-                time.sleep(self._fail_or_retry(result, attempt, refreshed))
-                continue
-            if num_samples is not None and result.end.samples != num_samples:
-                raise DeliveryError(
-                    f"{req.shard}: the server sent {result.end.samples} samples, the manifest says {num_samples}"
-                )
-            result.attempts = attempt + 1
-            return result
-        raise ServerUnavailableError(
-            f"HAPI server at {self.endpoint} failed {self.retry.attempts} times for {req.shard}: {last_error}"
+        result, attempts = self._request(
+            f"extracting {req.container}/{req.shard}",
+            req.container,
+            req.shard,
+            "extract",
+            lambda url, headers: self._extract_once(url, headers, body),
         )
+        if num_samples is not None and result.end.samples != num_samples:
+            raise DeliveryError(
+                f"{req.shard}: the server sent {result.end.samples} samples, "
+                f"the manifest says {num_samples}"
+            )
+        result.attempts = attempts
+        return result
 
     def _extract_once(
         self, url: str, headers: dict[str, str], body: dict[str, Any]
@@ -203,20 +238,16 @@ class HapiTransport:
 
     def finetune(self, req: FinetuneRequest) -> tuple[bytes, dict[str, Any]]:
         body = req.model_dump(mode="json")
-        refreshed = [False]
-        for attempt in range(self.retry.attempts):
-            url, headers = self._target(req.container, req.shards[0], "finetune")
-            try:
-                resp = self._http.post(url, json=body, headers=headers)
-            except httpx.TransportError as exc:
-                log.warning("HAPI connection error on finetune (attempt %d): %s", attempt + 1, exc)
-                time.sleep(self.retry.delay(attempt))
-                continue
+
+        def send(
+            url: str, headers: dict[str, str]
+        ) -> tuple[bytes, dict[str, Any]] | httpx.Response:
+            resp = self._http.post(url, json=body, headers=headers)
             if resp.status_code != 200:
-                time.sleep(self._fail_or_retry(resp, attempt, refreshed))
-                continue
-            meta = json.loads(resp.headers.get("x-hapi-metrics", "{}"))
-            return resp.content, meta
-        raise ServerUnavailableError(
-            f"HAPI server at {self.endpoint} kept failing the fine-tuning request"
+                return resp
+            return resp.content, json.loads(resp.headers.get("x-hapi-metrics", "{}"))
+
+        result, _ = self._request(
+            f"fine-tuning on {req.container}", req.container, req.shards[0], "finetune", send
         )
+        return result

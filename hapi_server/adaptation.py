@@ -10,6 +10,7 @@ of any running request triggers.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
@@ -85,17 +86,22 @@ class DeviceScheduler:
         """
         if not self.settings.adaptation:
             return self._admit(demand, demand.b_max)
+        # Weights the request holds (pinned, resident) or will load (its model_bytes) are
+        # never freed for it: they come off the capacity, and the samples must fit the rest.
+        weights = pinned_bytes + demand.model_bytes
         try:
-            check_feasible_alone(demand, max(0, self.capacity_bytes - pinned_bytes))
+            check_feasible_alone(
+                dataclasses.replace(demand, model_bytes=0), max(0, self.capacity_bytes - weights)
+            )
         except InfeasibleRequestError as exc:
-            weights = (
-                f" (its model's weights hold {pinned_bytes} of the device's "
+            held = (
+                f" (its model's weights hold {weights} of the device's "
                 f"{self.capacity_bytes} usable bytes)"
-                if pinned_bytes
+                if weights
                 else ""
             )
             raise InsufficientMemoryError(
-                f"{exc}{weights}; lower b_max or the split index, or raise the device budget"
+                f"{exc}{held}; lower b_max or the split index, or raise the device budget"
             ) from exc
         if len(self._waiting) >= self.settings.queue_limit:
             raise QueueFullError(
@@ -141,12 +147,17 @@ class DeviceScheduler:
         self._publish()
         self._kick()
 
-    def hand_over_model_bytes(self, reservation: Reservation) -> None:
-        """The request's weights became resident (counted by the cache): stop counting them twice."""
-        if reservation.model_bytes and not reservation.released:
-            reservation.planned_bytes -= reservation.model_bytes
-            reservation.model_bytes = 0
+    def hand_over_model_bytes(self, reservation: Reservation, nbytes: int | None = None) -> None:
+        """``nbytes`` of the request's model memory (default: all of it) is now counted by the
+        weights cache (the model became resident) or freed (the load's transient copies):
+        stop counting it twice."""
+        amount = reservation.model_bytes if nbytes is None else min(nbytes, reservation.model_bytes)
+        if amount > 0 and not reservation.released:
+            reservation.planned_bytes -= amount
+            reservation.model_bytes -= amount
             self._publish()
+            # Memory came free for others: plan whoever waits.
+            self._kick()
 
     def _kick(self) -> None:
         if self._round is None and any(not w.future.done() for w in self._waiting.values()):

@@ -37,8 +37,28 @@ class InvalidRequestError(HapiServerError):
     status, code = 422, "invalid_request"
 
 
+class InvalidNameError(InvalidRequestError):
+    """A Swift name the server will not put in a URL (a ``.`` or ``..`` path segment)."""
+
+    code = "invalid_name"
+
+
 class InvalidShardError(HapiServerError):
     status, code = 422, "invalid_shard"
+
+
+class SwiftRefusedError(HapiServerError):
+    """Swift answered a 4xx that has no class of its own here: its status is passed on.
+
+    The status is per instance (Swift's own), so that a client sees what Swift said (e.g. 400,
+    412, 429) rather than a 502 that would blame an outage that did not happen.
+    """
+
+    code = "swift_refused"
+
+    def __init__(self, detail: str, status: int, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail, headers=headers)
+        self.status = status
 
 
 class QueueFullError(HapiServerError):

@@ -9,6 +9,7 @@ estimate stays the profile's).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from dataclasses import dataclass
@@ -28,6 +29,40 @@ class HeadEstimate:
     bytes_per_sample: int
     head_weight_bytes: int
     output_bytes_per_sample: int
+
+
+@dataclass(frozen=True)
+class ModelFootprint:
+    """What a model of one architecture and class count weighs, known before it is built."""
+
+    resident_bytes: int
+    """Parameters and buffers once loaded (what the weights cache counts)."""
+    state_bytes: int
+    """The tensors of its state dict, as ``hapi_models.weights_to_bytes`` writes them."""
+    state_key_bytes: int
+    """The UTF-8 length of every state-dict key together (they fill a safetensors header)."""
+    num_tensors: int
+
+
+@functools.lru_cache(maxsize=256)
+def model_footprint(arch: str, num_classes: int) -> ModelFootprint:
+    """The footprint of ``arch`` with ``num_classes`` outputs, from a meta-device skeleton.
+
+    Nothing is allocated, so a 100000-class VGG19 costs a few milliseconds here, where building
+    it costs seconds and gigabytes: the planner and the size checks run on this figure first.
+    """
+    with torch.device("meta"):
+        skeleton = hapi_models.get_spec(arch).builder(num_classes, False)
+    resident = sum(p.numel() * p.element_size() for p in skeleton.parameters()) + sum(
+        b.numel() * b.element_size() for b in skeleton.buffers()
+    )
+    state = skeleton.state_dict()
+    return ModelFootprint(
+        resident_bytes=resident,
+        state_bytes=sum(t.numel() * t.element_size() for t in state.values()),
+        state_key_bytes=sum(len(k.encode()) for k in state),
+        num_tensors=len(state),
+    )
 
 
 class MemoryEstimator:

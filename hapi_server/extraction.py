@@ -8,6 +8,7 @@ shard format, limits, memory) is checked before the response starts; a failure a
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -17,27 +18,16 @@ from typing import cast
 
 import hapi_models
 
-from hapi_contract import (
-    DatasetFormatError,
-    ExtractRequest,
-    FrameEncoder,
-    ModelRef,
-    TransformSpec,
-    read_shard,
-)
+from hapi_contract import ExtractRequest, FrameEncoder, ModelRef, TransformSpec
 
 from .adaptation import DeviceScheduler, Reservation, make_demand, new_request_id
 from .engine import ExtractionJob, JobCancelled, JobStats, run_extraction
-from .errors import (
-    ChecksumError,
-    HapiServerError,
-    InvalidRequestError,
-    InvalidShardError,
-    PayloadTooLargeError,
-)
+from .errors import ChecksumError, HapiServerError, InvalidRequestError
+from .estimates import model_footprint
+from .inputs import check_weights_size, parse_shard
 from .state import ServerState
-from .swift_io import Caller
-from .weights_cache import CachedModel
+from .swift_io import Caller, ObjectInfo
+from .weights_cache import CachedModel, CacheKey
 
 log = logging.getLogger(__name__)
 
@@ -65,66 +55,126 @@ def check_model(
     return spec
 
 
-async def load_model(
+@dataclass
+class ModelPlan:
+    """The weights a request needs, authorised and sized, before any of them is loaded."""
+
+    ref: ModelRef
+    key: CacheKey
+    info: ObjectInfo
+    load_bytes: int
+    """Memory the planner must admit to load the model (0: the cache already holds it)."""
+    entry: CachedModel | None = None
+    """The cached model, pinned for this request (released by :func:`release_model`)."""
+
+
+def _check_weights(ref: ModelRef, size: int | None, max_bytes: int) -> None:
+    assert ref.weights is not None
+    fp = model_footprint(ref.arch, ref.num_classes)
+    check_weights_size(
+        size,
+        state_bytes=fp.state_bytes,
+        state_key_bytes=fp.state_key_bytes,
+        num_tensors=fp.num_tensors,
+        max_bytes=max_bytes,
+        what=f"weights {ref.weights.container}/{ref.weights.object}",
+        model=f"{ref.arch} with {ref.num_classes} classes",
+    )
+
+
+async def plan_model(
     state: ServerState, caller: Caller, ref: ModelRef, scheduler: DeviceScheduler
-) -> CachedModel:
-    """The caller's model on the scheduler's device, from the cache or freshly verified."""
+) -> ModelPlan:
+    """Authorise the weights as the caller and size their load; nothing is read or built.
+
+    Cheap checks come first (the model's weight bytes against ``max_weights_bytes``, the
+    object's size from a HEAD against the model's), so weights of another model, or a class
+    count whose classifier alone is gigabytes, are refused in milliseconds.
+    """
     assert ref.weights is not None
     w = ref.weights
-    key = (w.sha256, ref.arch, ref.num_classes, scheduler.device.name)
+    max_bytes = state.settings.max_weights_bytes
+    _check_weights(ref, None, max_bytes)
     # Authorise first, cache or not: a cached model is only handed to a caller who may read
     # the weights object, and only while that object is still the blob that was verified.
-    etag = await state.swift.head(caller, w.container, w.object)
-    async with state.weights.lock_for(key):
-        entry = state.weights.lookup(key)
-        if entry is not None and entry.etag == etag:
-            state.weights.acquire(entry)
-            return entry
-        blob = await state.swift.get(
-            caller, w.container, w.object, max_bytes=state.settings.max_weights_bytes
-        )
-        digest = hapi_models.sha256_hex(blob.data)
-        if digest != w.sha256:
-            raise ChecksumError(
-                f"weights {w.container}/{w.object} have sha256 {digest}, the request names {w.sha256}"
-            )
-        loop = asyncio.get_running_loop()
-
-        def build() -> hapi_models.SplittableModel:
-            try:
-                model = hapi_models.get_model(
-                    ref.arch, num_classes=ref.num_classes, weights=blob.data
-                )
-            except hapi_models.WeightsError as exc:
-                raise InvalidRequestError(f"weights {w.container}/{w.object}: {exc}") from exc
-            return model.to(scheduler.device.torch_device).eval()
-
-        model = await loop.run_in_executor(state.executor, build)
-        entry = state.weights.insert(key, model, blob.etag)
+    info = await state.swift.head(caller, w.container, w.object)
+    key: CacheKey = (w.sha256, ref.arch, ref.num_classes, scheduler.device.name)
+    entry = state.weights.lookup(key)
+    if entry is not None and entry.etag == info.etag:
         state.weights.acquire(entry)
-        return entry
+        return ModelPlan(ref, key, info, 0, entry)
+    _check_weights(ref, info.size, max_bytes)
+    # The device memory the model will hold, planned before it is built. The blob itself is
+    # transient host memory, bounded by max_weights_bytes and freed once the model is loaded.
+    load_bytes = model_footprint(ref.arch, ref.num_classes).resident_bytes
+    return ModelPlan(ref, key, info, load_bytes)
 
 
-def _check_images(images: list[bytes], max_pixels: int) -> None:
-    import io
-
-    from PIL import Image, UnidentifiedImageError
-
-    for i, data in enumerate(images):
-        try:
-            with Image.open(io.BytesIO(data)) as img:
-                pixels = img.width * img.height
-        except UnidentifiedImageError as exc:
-            # PIL's message names an in-memory buffer object; say what it means instead.
-            raise InvalidShardError(
-                f"sample {i}: not a decodable image (unknown or corrupt image format)"
-            ) from exc
-        except OSError as exc:
-            raise InvalidShardError(f"sample {i}: not a decodable image ({exc})") from exc
-        if pixels > max_pixels:
-            raise PayloadTooLargeError(
-                f"sample {i}: {pixels} pixels exceeds the limit of {max_pixels} (max_image_pixels)"
+async def load_planned(
+    state: ServerState,
+    caller: Caller,
+    plan: ModelPlan,
+    scheduler: DeviceScheduler,
+    reservation: Reservation,
+) -> CachedModel:
+    """The planned model on the scheduler's device, loaded within the admitted reservation."""
+    if plan.entry is not None:
+        return plan.entry
+    ref, w = plan.ref, plan.ref.weights
+    assert w is not None
+    async with state.weights.lock_for(plan.key):
+        entry = state.weights.lookup(plan.key)
+        if entry is None or entry.etag != plan.info.etag:
+            blob = await state.swift.get(
+                caller, w.container, w.object, max_bytes=state.settings.max_weights_bytes
             )
+            digest = hapi_models.sha256_hex(blob.data)
+            if digest != w.sha256:
+                raise ChecksumError(
+                    f"weights {w.container}/{w.object} have sha256 {digest}, "
+                    f"the request names {w.sha256}"
+                )
+
+            def build() -> hapi_models.SplittableModel:
+                try:
+                    model = hapi_models.get_model(
+                        ref.arch, num_classes=ref.num_classes, weights=blob.data
+                    )
+                except hapi_models.WeightsError as exc:
+                    raise InvalidRequestError(f"weights {w.container}/{w.object}: {exc}") from exc
+                return model.to(scheduler.device.torch_device).eval()
+
+            model = await asyncio.get_running_loop().run_in_executor(state.executor, build)
+            entry = state.weights.insert(plan.key, model, blob.etag)
+        state.weights.acquire(entry)
+    plan.entry = entry
+    # The model is resident now (the cache counts it) and the load's copies are gone.
+    scheduler.hand_over_model_bytes(reservation, plan.load_bytes)
+    return entry
+
+
+def release_model(state: ServerState, plan: ModelPlan) -> None:
+    """Unpin the plan's model, if it holds one (after an error before the request ran)."""
+    if plan.entry is not None:
+        state.weights.release(plan.entry)
+        plan.entry = None
+
+
+async def read_checked_shard(
+    state: ServerState, caller: Caller, container: str, shard: str, num_classes: int
+) -> tuple[list[bytes], list[int]]:
+    """A shard's images and labels, read as the caller and checked (format, counts, headers)."""
+    settings = state.settings
+    blob = await state.swift.get(caller, container, shard, max_bytes=settings.max_object_bytes)
+    parse = functools.partial(
+        parse_shard,
+        blob.data,
+        f"{container}/{shard}",
+        max_samples=settings.max_samples_per_request,
+        max_pixels=settings.max_image_pixels,
+        num_classes=num_classes,
+    )
+    return await asyncio.get_running_loop().run_in_executor(state.executor, parse)
 
 
 @dataclass
@@ -162,72 +212,57 @@ def abandon(state: ServerState, prep: PreparedExtraction) -> None:
 
 
 async def prepare(state: ServerState, caller: Caller, req: ExtractRequest) -> PreparedExtraction:
+    """Everything refusable with a status, in cost order: cheap checks, reads, admission, load."""
     started = time.perf_counter()
     settings = state.settings
     spec = check_model(req.model, req.split_index)
     request_id = req.request_id or new_request_id()
     transform = to_transform(req.transform)
     scheduler = state.pick_scheduler()
-
-    shard_task = asyncio.create_task(
-        state.swift.get(caller, req.container, req.shard, max_bytes=settings.max_object_bytes)
+    if req.profile is not None and req.profile.num_layers != spec.num_layers:
+        log.warning(
+            "%s: client profile has %d layers, %s has %d",
+            request_id,
+            req.profile.num_layers,
+            req.model.arch,
+            spec.num_layers,
+        )
+    # A meta-device profile: milliseconds, and a 422 for a crop the network cannot take.
+    est = state.estimator.estimate(
+        req.model.arch,
+        req.model.num_classes,
+        transform.input_shape,
+        req.split_index,
+        scheduler.device.torch_device.type,
     )
-    model_task = asyncio.create_task(load_model(state, caller, req.model, scheduler))
+    shard_task = asyncio.create_task(
+        read_checked_shard(state, caller, req.container, req.shard, req.model.num_classes)
+    )
     try:
-        shard = await shard_task
+        plan = await plan_model(state, caller, req.model, scheduler)
     except BaseException:
-        model_task.cancel()
-        await asyncio.gather(model_task, return_exceptions=True)
+        shard_task.cancel()
+        await asyncio.gather(shard_task, return_exceptions=True)
         raise
     try:
-        samples = read_shard(
-            shard.data,
-            max_samples=settings.max_samples_per_request,
-            num_classes=req.model.num_classes,
-        )
-    except DatasetFormatError as exc:
-        model_task.cancel()
-        await asyncio.gather(model_task, return_exceptions=True)
-        too_many = "samples" in str(exc) and "more than" in str(exc)
-        cls = PayloadTooLargeError if too_many else InvalidShardError
-        raise cls(f"shard {req.container}/{req.shard}: {exc}") from exc
-    images = [s.image_bytes for s in samples]
-    labels = [s.label for s in samples]
-    loop = asyncio.get_running_loop()
-    try:
-        await loop.run_in_executor(state.executor, _check_images, images, settings.max_image_pixels)
-    except HapiServerError as exc:
-        model_task.cancel()
-        await asyncio.gather(model_task, return_exceptions=True)
-        raise type(exc)(f"shard {req.container}/{req.shard}: {exc.detail}") from exc
-    entry = await model_task
-    try:
-        if req.profile is not None and req.profile.num_layers != spec.num_layers:
-            log.warning(
-                "%s: client profile has %d layers, %s has %d",
-                request_id,
-                req.profile.num_layers,
-                req.model.arch,
-                spec.num_layers,
-            )
-        est = state.estimator.estimate(
-            req.model.arch,
-            req.model.num_classes,
-            transform.input_shape,
-            req.split_index,
-            scheduler.device.torch_device.type,
-        )
+        images, labels = await shard_task
         demand = make_demand(
             request_id,
             est.bytes_per_sample,
-            0,  # the weights are resident (counted by the cache) by the time we plan
+            plan.load_bytes,  # 0 when the weights are resident (counted by the cache)
             settings.b_min,
-            min(req.b_max, len(samples)),
+            min(req.b_max, len(images)),
         )
         queued_at = time.perf_counter()
-        reservation = await scheduler.acquire(demand, pinned_bytes=entry.nbytes)
+        pinned = plan.entry.nbytes if plan.entry is not None else 0
+        reservation = await scheduler.acquire(demand, pinned_bytes=pinned)
+        try:
+            entry = await load_planned(state, caller, plan, scheduler, reservation)
+        except BaseException:
+            scheduler.release(reservation)
+            raise
     except BaseException:
-        state.weights.release(entry)
+        release_model(state, plan)
         raise
     return PreparedExtraction(
         request=req,

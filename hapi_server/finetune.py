@@ -9,46 +9,87 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import json
 import logging
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import hapi_models
 import torch
 
-from hapi_contract import DatasetFormatError, FinetuneRequest, plan_epoch, read_shard
+from hapi_contract import FinetuneRequest, plan_epoch
 
 from .adaptation import make_demand, new_request_id
 from .errors import InvalidRequestError, InvalidShardError, PayloadTooLargeError
-from .extraction import check_model, load_model, to_transform
+from .estimates import model_footprint
+from .extraction import (
+    check_model,
+    load_planned,
+    plan_model,
+    read_checked_shard,
+    release_model,
+    to_transform,
+)
 from .state import ServerState
 from .swift_io import Caller
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
+
+async def gather_bounded(factories: Sequence[Callable[[], Awaitable[T]]], limit: int) -> list[T]:
+    """Await ``factory()`` for each, at most ``limit`` at a time, results in order.
+
+    On the first failure the others are cancelled (a request naming 1000 missing shards
+    costs at most ``limit`` more Swift requests, not 999) and that failure is raised as is.
+    """
+    gate = asyncio.Semaphore(limit)
+
+    async def one(factory: Callable[[], Awaitable[T]]) -> T:
+        async with gate:
+            return await factory()
+
+    tasks = [asyncio.create_task(one(f)) for f in factories]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
 
 async def _read_samples(
     state: ServerState, caller: Caller, container: str, shards: list[str], num_classes: int
 ) -> tuple[list[list[bytes]], list[list[int]]]:
-    """Images and labels per shard, in the request's shard order."""
-    images: list[list[bytes]] = []
-    labels: list[list[int]] = []
-    blobs = await asyncio.gather(
-        *(
-            state.swift.get(caller, container, s, max_bytes=state.settings.max_object_bytes)
-            for s in shards
-        )
-    )
-    for name, blob in zip(shards, blobs, strict=True):
-        try:
-            samples = read_shard(blob.data, num_classes=num_classes)
-        except DatasetFormatError as exc:
-            raise InvalidShardError(f"shard {container}/{name}: {exc}") from exc
-        images.append([s.image_bytes for s in samples])
-        labels.append([s.label for s in samples])
-    return images, labels
+    """Images and labels per shard, in the request's shard order, each shard checked as
+    ``/v1/extract`` checks it (format, sample count, every image's header)."""
+    read = [
+        functools.partial(read_checked_shard, state, caller, container, name, num_classes)
+        for name in shards
+    ]
+    results = await gather_bounded(read, state.settings.swift_read_concurrency)
+    return [images for images, _ in results], [labels for _, labels in results]
+
+
+def _decode(
+    transform: hapi_models.InputTransform,
+    images: list[bytes],
+    where: list[str],
+    max_pixels: int,
+) -> torch.Tensor:
+    try:
+        return transform.decode_batch(images, max_pixels=max_pixels)
+    except hapi_models.ImageDecodeError:
+        # Past the header check, only a full decode finds a cut or corrupt body: name it.
+        for data, name in zip(images, where, strict=True):
+            try:
+                hapi_models.decode_image(data, max_pixels=max_pixels)
+            except hapi_models.ImageDecodeError as exc:
+                raise InvalidShardError(f"{name}: not a decodable image ({exc})") from exc
+        raise
 
 
 def _train(
@@ -75,11 +116,15 @@ def _train(
     history: list[dict[str, Any]] = []
 
     def batches(
-        order: list[tuple[int, int]], imgs: list[list[bytes]], labs: list[list[int]]
+        order: list[tuple[int, int]],
+        imgs: list[list[bytes]],
+        labs: list[list[int]],
+        names: list[str],
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for b in range(0, len(order), req.batch_size):
             idx = order[b : b + req.batch_size]
-            x = transform.decode_batch([imgs[s][i] for s, i in idx], max_pixels=max_pixels)
+            where = [f"shard {req.container}/{names[s]}: sample {i}" for s, i in idx]
+            x = _decode(transform, [imgs[s][i] for s, i in idx], where, max_pixels)
             with torch.no_grad():
                 h = head(x.to(device))
             yield h, torch.tensor([labs[s][i] for s, i in idx], dtype=torch.int64)
@@ -89,7 +134,9 @@ def _train(
         start = time.perf_counter()
         order = plan_epoch(len(images), req.seed, epoch).sample_order(sizes)
         hapi_models.set_modes(model, freeze, training=True)
-        stats = hapi_models.train_batches(tail, batches(order, images, labels), opt, device)
+        stats = hapi_models.train_batches(
+            tail, batches(order, images, labels, list(req.shards)), opt, device
+        )
         record: dict[str, Any] = {
             "epoch": epoch + 1,
             "loss": stats.loss,
@@ -101,16 +148,32 @@ def _train(
             hapi_models.set_modes(model, freeze, training=False)
             ev_order = [(s, i) for s, shard in enumerate(eval_images) for i in range(len(shard))]
             record["eval_accuracy"] = hapi_models.evaluate(
-                tail, batches(ev_order, eval_images, eval_labels), device
+                tail, batches(ev_order, eval_images, eval_labels, list(req.eval_shards)), device
             )
         history.append(record)
     model.eval()
     return hapi_models.weights_to_bytes(model.to("cpu")), history
 
 
+def _resident_bytes(arch: str, num_classes: int) -> int:
+    return model_footprint(arch, num_classes).resident_bytes
+
+
+def _training_bytes(req: FinetuneRequest) -> int:
+    """Memory of the trained copy: the model (with its new classifier), its gradients and the
+    optimizer's state (a momentum buffer for SGD with momentum, two moments for Adam)."""
+    fp = _resident_bytes(req.model.arch, req.model.num_classes)
+    if req.target_classes is not None and req.target_classes != req.model.num_classes:
+        # The new classifier is built while the old one still exists.
+        fp += _resident_bytes(req.model.arch, req.target_classes)
+    slots = {"sgd": 1 if req.optimizer.momentum > 0 else 0, "adam": 2, "adamw": 2}
+    return fp * (2 + slots[req.optimizer.name])
+
+
 async def run_finetune(
     state: ServerState, caller: Caller, req: FinetuneRequest
 ) -> tuple[bytes, dict[str, Any]]:
+    """Cheap checks, then the reads, then admission (model load included), then the work."""
     spec = check_model(req.model, req.freeze_index, "freeze_index")
     if req.epochs > state.settings.max_finetune_epochs:
         raise InvalidRequestError(
@@ -119,35 +182,45 @@ async def run_finetune(
     request_id = req.request_id or new_request_id("ft")
     started = time.perf_counter()
     scheduler = state.pick_scheduler()
-    (images, labels), (eval_images, eval_labels) = await asyncio.gather(
-        _read_samples(state, caller, req.container, list(req.shards), req.model.num_classes),
-        _read_samples(state, caller, req.container, list(req.eval_shards), req.model.num_classes)
-        if req.eval_shards
-        else asyncio.sleep(0, result=([], [])),
-    )
-    if sum(map(len, images)) + sum(
-        map(len, eval_images)
-    ) > state.settings.max_samples_per_request * max(1, len(req.shards)):
-        raise PayloadTooLargeError("too many samples for one fine-tuning request")
-    entry = await load_model(state, caller, req.model, scheduler)
     transform = to_transform(req.transform)
+    est = state.estimator.estimate(
+        req.model.arch,
+        req.model.num_classes,
+        transform.input_shape,
+        spec.num_layers,
+        scheduler.device.torch_device.type,
+    )
+    train_bytes = _training_bytes(req)
+    plan = await plan_model(state, caller, req.model, scheduler)
     try:
-        est = state.estimator.estimate(
-            req.model.arch,
-            req.model.num_classes,
-            transform.input_shape,
-            spec.num_layers,
-            scheduler.device.torch_device.type,
+        names = [*req.shards, *req.eval_shards]
+        all_images, all_labels = await _read_samples(
+            state, caller, req.container, names, req.model.num_classes
         )
+        n = len(req.shards)
+        images, labels = all_images[:n], all_labels[:n]
+        eval_images, eval_labels = all_images[n:], all_labels[n:]
+        if sum(map(len, all_images)) > state.settings.max_samples_per_request * max(
+            1, len(req.shards)
+        ):
+            raise PayloadTooLargeError("too many samples for one fine-tuning request")
         # Training keeps activations for backward and the optimizer state: a conservative 3x.
         batch = min(req.batch_size, sum(map(len, images)))
-        demand = make_demand(request_id, 3 * est.bytes_per_sample, entry.nbytes, batch, batch)
-        reservation = await scheduler.acquire(demand)
-        model = copy.deepcopy(entry.model)  # never train the shared, cached copy
-        if req.target_classes is not None and req.target_classes != req.model.num_classes:
-            model.replace_classifier(req.target_classes, seed=req.seed)
+        demand = make_demand(
+            request_id, 3 * est.bytes_per_sample, plan.load_bytes + train_bytes, batch, batch
+        )
+        pinned = plan.entry.nbytes if plan.entry is not None else 0
+        reservation = await scheduler.acquire(demand, pinned_bytes=pinned)
+        try:
+            entry = await load_planned(state, caller, plan, scheduler, reservation)
+            model = copy.deepcopy(entry.model)  # never train the shared, cached copy
+            if req.target_classes is not None and req.target_classes != req.model.num_classes:
+                model.replace_classifier(req.target_classes, seed=req.seed)
+        except BaseException:
+            scheduler.release(reservation)
+            raise
     finally:
-        state.weights.release(entry)
+        release_model(state, plan)
     try:
         loop = asyncio.get_running_loop()
         blob, history = await loop.run_in_executor(

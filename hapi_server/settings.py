@@ -23,6 +23,9 @@ class ServerSettings(BaseSettings):
         description="base URL of the Swift proxy; a caller's storage URL must live under it",
     )
     swift_timeout_s: float = Field(60.0, gt=0, description="timeout of each request to Swift")
+    swift_read_concurrency: int = Field(
+        8, ge=1, le=1024, description="most Swift reads one request has in flight at once"
+    )
 
     # Batch adaptation (thesis 5.4.5).
     adaptation: bool = Field(True, description="off: every request runs at its b_max, unchecked")
@@ -62,9 +65,7 @@ class ServerSettings(BaseSettings):
         10_000, ge=1, description="most samples in one shard (413)"
     )
     queue_limit: int = Field(256, ge=1, description="waiting requests per device before 503")
-    request_timeout_s: float = Field(
-        600.0, gt=0, description="longest wait for memory before 504"
-    )
+    request_timeout_s: float = Field(600.0, gt=0, description="longest wait for memory before 504")
     retry_after_s: int = Field(2, ge=1, description="Retry-After of a 503 (queue full)")
     weights_cache_bytes: int = Field(2 * GiB, ge=0, description="idle weights kept loaded")
 

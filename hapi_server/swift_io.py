@@ -17,12 +17,15 @@ import httpx
 from .errors import (
     ForbiddenError,
     HapiServerError,
+    InvalidNameError,
     InvalidRequestError,
     NotFoundError,
     PayloadTooLargeError,
+    SwiftRefusedError,
     SwiftUnavailableError,
     UnauthorizedError,
 )
+from .inputs import check_swift_name
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,7 @@ def parse_caller(token: str | None, storage_url: str | None, swift_url: str) -> 
     account = path.split("/")[2]
     if not _ACCOUNT.match(account):
         raise InvalidRequestError("X-Storage-Url has an invalid account name")
+    check_swift_name(account, "X-Storage-Url account")
     return Caller(token=token, storage_url=f"{base}/v1/{account}")
 
 
@@ -62,6 +66,14 @@ def parse_caller(token: str | None, storage_url: str | None, swift_url: str) -> 
 class SwiftObject:
     data: bytes
     etag: str
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What a HEAD says about an object: its etag and size (None when Swift gives none)."""
+
+    etag: str
+    size: int | None
 
 
 class SwiftReader:
@@ -73,38 +85,65 @@ class SwiftReader:
         await self._client.aclose()
 
     def _url(self, caller: Caller, container: str, obj: str) -> str:
-        return f"{caller.storage_url}/{quote(container, safe='')}/{quote(obj, safe='/')}"
+        """The object's URL, naming exactly ``container``/``obj`` and nothing else.
+
+        Dot segments are refused rather than sent: httpx (like any RFC 3986 client) would
+        resolve ``a/../b`` to ``b`` and read an object other than the one the request names.
+        Everything else is percent-encoded, so no library rewrites the path on the way.
+        """
+        check_swift_name(container, "container")
+        check_swift_name(obj, "object", segmented=True)
+        try:
+            path = f"{quote(container, safe='')}/{quote(obj, safe='/')}"
+        except UnicodeEncodeError as exc:  # a lone surrogate: no UTF-8 name can hold it
+            raise InvalidNameError(f"{container}/{obj!r} is not valid UTF-8: {exc}") from exc
+        return f"{caller.storage_url}/{path}"
 
     @staticmethod
-    def _raise_for(status: int, what: str) -> None:
+    def _raise_for(resp: httpx.Response, what: str) -> None:
+        """Swift's refusal as the matching error: its 4xx passed on, 502 only for its 5xx."""
+        status = resp.status_code
+        if status < 300:
+            return
         if status == 401:
             raise UnauthorizedError(f"Swift refused the token for {what} (401)")
         if status == 403:
             raise ForbiddenError(f"no read access to {what} (Swift says 403)")
         if status == 404:
             raise NotFoundError(f"{what} not found in Swift (404)")
-        if status >= 400:
-            raise SwiftUnavailableError(f"Swift answered {status} for {what}")
-
-    async def head(self, caller: Caller, container: str, obj: str) -> str:
-        """Authorise a read of the object as the caller; return its etag."""
-        what = f"{container}/{obj}"
-        try:
-            resp = await self._client.head(
-                self._url(caller, container, obj), headers={"X-Auth-Token": caller.token}
+        if status == 413:
+            raise PayloadTooLargeError(f"Swift refused the read of {what} as too large (413)")
+        if 400 <= status < 500:
+            headers = (
+                {"Retry-After": resp.headers["retry-after"]}
+                if "retry-after" in resp.headers
+                else None
             )
+            raise SwiftRefusedError(f"Swift answered {status} for {what}", status, headers=headers)
+        # 5xx, and 1xx/3xx that a GET or HEAD of an object never legitimately gets.
+        raise SwiftUnavailableError(f"Swift answered {status} for {what}")
+
+    async def head(self, caller: Caller, container: str, obj: str) -> ObjectInfo:
+        """Authorise a read of the object as the caller; return its etag and size."""
+        what = f"{container}/{obj}"
+        url = self._url(caller, container, obj)
+        try:
+            resp = await self._client.head(url, headers={"X-Auth-Token": caller.token})
         except httpx.HTTPError as exc:
             raise SwiftUnavailableError(f"cannot reach Swift at {self.swift_url}: {exc}") from exc
-        self._raise_for(resp.status_code, what)
-        return resp.headers.get("etag", "").strip('"')
+        self._raise_for(resp, what)
+        length = resp.headers.get("content-length")
+        size = int(length) if length is not None and length.isdigit() else None
+        return ObjectInfo(resp.headers.get("etag", "").strip('"'), size)
 
     async def get(self, caller: Caller, container: str, obj: str, *, max_bytes: int) -> SwiftObject:
         what = f"{container}/{obj}"
+        url = self._url(caller, container, obj)
         try:
             async with self._client.stream(
-                "GET", self._url(caller, container, obj), headers={"X-Auth-Token": caller.token}
+                "GET", url, headers={"X-Auth-Token": caller.token}
             ) as resp:
-                self._raise_for(resp.status_code, what)
+                self._raise_for(resp, what)
                 length = resp.headers.get("content-length")
                 if length is not None and int(length) > max_bytes:
                     raise PayloadTooLargeError(

@@ -50,12 +50,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Store ARCH's weights as CONTAINER/ARCH.safetensors with their sha256 and a "
         "descriptor CONTAINER/ARCH.json. Without --weights: the packaged ImageNet weights where the "
         "architecture has them (efficientnet_lite0), else a seeded random initialisation.",
+        epilog="examples:\n"
+        "  hapi upload model --arch resnet18 --weights torchvision\n"
+        "  hapi upload model --arch resnet18 --weights resnet18-f37072fd.pth\n"
+        "  hapi upload model --arch alexnet --weights my-finetuned.safetensors",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--arch", required=True, help=f"one of: {', '.join(hapi_models.list_models())}"
     )
-    parser.add_argument("--weights", help="a .safetensors file of your own")
+    parser.add_argument(
+        "--weights",
+        metavar="FILE|torchvision|imagenet",
+        help="a checkpoint of the architecture (.safetensors, or a torch .pth/.pt/.ckpt state "
+        "dict read with weights_only=True; native torchvision/timm key names or HAPI's), "
+        "'torchvision' for torchvision's default pretrained weights (torch's hub cache, else a "
+        "download), or 'imagenet' for the packaged weights (efficientnet_lite0)",
+    )
     parser.add_argument("--container", default="models", help="default: %(default)s")
-    parser.add_argument("--num-classes", type=int, help="classes of the stored head (default 1000)")
+    parser.add_argument(
+        "--num-classes",
+        type=int,
+        help="classes of a randomly initialised head (default 1000); with --weights, the "
+        "checkpoint's own count is used",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of a random initialisation")
     parser.set_defaults(func=_upload_model)

@@ -43,6 +43,49 @@ class StoredModel:
         return f"{self.container}/{self.object.removesuffix('.safetensors')}"
 
 
+#: ``weights=`` values that name a source rather than a file.
+TORCHVISION_WEIGHTS = "torchvision"
+PACKAGED_WEIGHTS = "imagenet"
+
+
+def pretrained_model(
+    arch: str,
+    weights: str | Path | None = None,
+    *,
+    num_classes: int | None = None,
+    seed: int = 0,
+) -> hapi_models.SplittableModel:
+    """The model a user means by ``weights``; every key and shape checked.
+
+    - ``None``: the packaged ImageNet weights where the architecture has them
+      (efficientnet_lite0), else a random initialisation from ``seed``;
+    - ``"imagenet"``: the packaged ImageNet weights (an error where there are none);
+    - ``"torchvision"``: torchvision's default weights for ``arch`` (torch's hub cache, else a
+      download; offline, the error names the file and where to put it);
+    - a path: a checkpoint of the native network or of HAPI's layer list, as ``.safetensors``
+      or a torch file read with ``weights_only=True`` (never a plain unpickle).
+
+    ``num_classes`` sets the classifier of a random initialisation; with weights it must agree
+    with theirs.
+    """
+    spec = hapi_models.get_spec(arch)
+    if weights is None and not spec.has_pretrained:
+        torch.manual_seed(seed)
+        return hapi_models.get_model(arch, num_classes=num_classes or 1000)
+    if weights is None or weights == PACKAGED_WEIGHTS:
+        if num_classes not in (None, 1000):
+            raise ConfigurationError(
+                f"{arch}'s packaged ImageNet weights have 1000 classes, not {num_classes}; leave "
+                "num_classes out (fine-tuning gives the model a classifier for the dataset)"
+            )
+        return hapi_models.get_model(arch, num_classes=1000, weights=PACKAGED_WEIGHTS)
+    if weights == TORCHVISION_WEIGHTS:
+        state = hapi_models.torchvision_weights(arch)
+    else:
+        state = hapi_models.read_checkpoint(weights)
+    return hapi_models.import_weights(arch, state, num_classes=num_classes)
+
+
 def upload_model(
     conn: Connection,
     arch: str,
@@ -52,22 +95,13 @@ def upload_model(
     num_classes: int | None = None,
     seed: int = 0,
 ) -> tuple[StoredModel, bool]:
-    """Store a model's weights and descriptor; return it and whether bytes were uploaded.
+    """Store a model's weights (safetensors) and descriptor; return it and whether bytes moved.
 
-    Without ``weights``: the packaged ImageNet weights where the architecture has them, else a
-    random initialisation from ``seed`` (the torchvision architectures have no offline weights).
+    ``weights`` as in :func:`pretrained_model`: the stored object is always safetensors with
+    its sha256, whatever the source's format.
     """
-    spec = hapi_models.get_spec(arch)
-    if weights is not None:
-        classes = num_classes or 1000
-        model = hapi_models.get_model(arch, num_classes=classes, weights=Path(weights))
-    elif spec.has_pretrained:
-        classes = 1000
-        model = hapi_models.get_model(arch, num_classes=classes, weights="imagenet")
-    else:
-        classes = num_classes or 1000
-        torch.manual_seed(seed)
-        model = hapi_models.get_model(arch, num_classes=classes)
+    model = pretrained_model(arch, weights, num_classes=num_classes, seed=seed)
+    classes = model.num_classes
     blob = hapi_models.weights_to_bytes(model)
     sha = hapi_models.sha256_hex(blob)
     obj = f"{arch}.safetensors"

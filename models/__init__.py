@@ -6,6 +6,7 @@
 """
 
 from . import zoo as _zoo  # noqa: F401  (registers the architectures)
+from .checkpoints import import_weights, read_checkpoint, torchvision_weights
 from .errors import (
     ChecksumMismatchError,
     HapiModelError,
@@ -50,10 +51,13 @@ __all__ = [
     "decode_image",
     "get_model",
     "get_spec",
+    "import_weights",
     "list_models",
     "load_weights",
     "profile",
+    "read_checkpoint",
     "save_weights",
     "sha256_hex",
+    "torchvision_weights",
     "weights_to_bytes",
 ]

@@ -27,6 +27,7 @@ class SplittableModel(nn.Module):
         default_freeze_index: int,
         transform: InputTransform,
         num_classes: int,
+        native: nn.Module | None = None,
     ) -> None:
         super().__init__()
         if not layers:
@@ -38,6 +39,10 @@ class SplittableModel(nn.Module):
         # ModuleList keys must not contain dots; the readable names live in layer_names.
         self.layers = nn.ModuleList([module for _, module in layers])
         self.default_freeze_index = self._check_index(default_freeze_index, "freeze index")
+        #: ``native`` network's state-dict key -> this model's key, for every tensor the two
+        #: share (the layers are the native modules themselves): how a checkpoint written for
+        #: the torchvision/timm network is read into the layer list.
+        self.native_keys: dict[str, str] = {} if native is None else _shared_keys(native, self)
 
     @property
     def num_layers(self) -> int:
@@ -106,3 +111,9 @@ class SplittableModel(nn.Module):
 
     def extra_repr(self) -> str:
         return f"arch={self.arch}, num_layers={self.num_layers}, freeze={self.default_freeze_index}"
+
+
+def _shared_keys(native: nn.Module, model: nn.Module) -> dict[str, str]:
+    ours = {id(t): k for k, t in model.state_dict(keep_vars=True).items()}
+    theirs = native.state_dict(keep_vars=True).items()
+    return {k: ours[id(t)] for k, t in theirs if id(t) in ours}

@@ -42,6 +42,7 @@ def _build(num_classes: int, pretrained: bool) -> SplittableModel:
         default_freeze_index=FREEZE,
         transform=IMAGENET,
         num_classes=num_classes,
+        native=net,
     )
 
 

@@ -92,7 +92,9 @@ def _build(num_classes: int, pretrained: bool) -> SplittableModel:
     part = dict(net.named_children())
     classifier = cast(nn.Linear, part["classifier"])
     if num_classes != IMAGENET_CLASSES:
+        # In the timm network too, so that a timm checkpoint of this class count maps onto it.
         classifier = nn.Linear(classifier.in_features, num_classes)
+        net.classifier = classifier
     layers: list[tuple[str, nn.Module]] = [("conv_stem", part["conv_stem"]), ("bn1", part["bn1"])]
     for s, stage in enumerate(cast(nn.Sequential, part["blocks"])):
         for b, block in enumerate(cast(nn.Sequential, stage)):
@@ -104,7 +106,12 @@ def _build(num_classes: int, pretrained: bool) -> SplittableModel:
         ("classifier", nn.Sequential(nn.Dropout(0.2), classifier)),
     ]
     return SplittableModel(
-        ARCH, layers, default_freeze_index=FREEZE, transform=TRANSFORM, num_classes=num_classes
+        ARCH,
+        layers,
+        default_freeze_index=FREEZE,
+        transform=TRANSFORM,
+        num_classes=num_classes,
+        native=net,
     )
 
 

@@ -39,7 +39,12 @@ def _split_features_classifier(
         *flatten_sequential("classifier", classifier),
     ]
     return SplittableModel(
-        arch, layers, default_freeze_index=freeze, transform=IMAGENET, num_classes=num_classes
+        arch,
+        layers,
+        default_freeze_index=freeze,
+        transform=IMAGENET,
+        num_classes=num_classes,
+        native=net,
     )
 
 

@@ -46,6 +46,7 @@ def _builder(arch: str, factory: Callable[..., tvm.ResNet], freeze: int):  # typ
             default_freeze_index=freeze,
             transform=IMAGENET,
             num_classes=num_classes,
+            native=net,
         )
 
     return build

@@ -49,8 +49,8 @@ class RetryEvent:
 class RetryPolicy:
     """Retry for ``budget_s`` seconds after a request's first failure, backing off exponentially.
 
-    The pause before retry ``k`` (0-based) is ``min(max_backoff_s, backoff_s * 2**k)`` with
-    +-25 % jitter (so parallel requests do not retry in lockstep), or the server's
+    The pause before retry ``k`` (0-based) is ``backoff_s * 2**k`` with +-25 % jitter (so
+    parallel requests do not retry in lockstep), at most ``max_backoff_s``, or the server's
     ``Retry-After`` if it sent one, never past the end of the budget. ``attempts`` optionally
     caps the number of attempts as well (None: only the budget counts). ``on_retry`` is called
     (from the thread that retries) before each pause, e.g. to show that a run waits for a
@@ -73,8 +73,8 @@ class RetryPolicy:
         """The pause before retry number ``retry`` (0-based)."""
         if retry_after and retry_after.isdigit():
             return min(float(retry_after), self.max_backoff_s)
-        base = min(self.max_backoff_s, self.backoff_s * 2**retry)
-        return base * (0.75 + random.random() / 2)  # noqa: S311 - jitter, not security
+        jitter = 0.75 + random.random() / 2  # noqa: S311 - spreads retries, not security
+        return min(self.max_backoff_s, self.backoff_s * 2**retry * jitter)
 
     def clock(self, what: str) -> RetryClock:
         """A fresh clock for one request (``what`` names it in logs and events)."""

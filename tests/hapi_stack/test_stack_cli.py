@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import hapi_cli.main as cli
-from hapi_stack import PORT_SETTINGS, StackConfig, StackError
+from hapi_stack import PORT_SETTINGS, StackConfig, StackError, running_stack
 
 
 def _port_flags(config: StackConfig) -> list[str]:
@@ -56,6 +58,71 @@ def test_up_status_down_round_trip(
     assert "Nothing was running" in capsys.readouterr().out
     assert cli.main(["stack", "status", *state]) == 1
     assert "No stack recorded" in capsys.readouterr().out
+
+
+def _recorded(state_dir: Path) -> dict[str, tuple[int, int]]:
+    services = json.loads((state_dir / "pids.json").read_text())["services"]
+    return {s["name"]: (s["pid"], s["start_time"]) for s in services}
+
+
+def _kill(state_dir: Path, name: str) -> None:
+    """SIGKILL a recorded service and reap it: the stack's processes are this test's children."""
+    pid, _ = _recorded(state_dir)[name]
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+
+
+@pytest.mark.swift
+@pytest.mark.slow
+def test_up_on_a_partly_stopped_stack_starts_only_what_is_down(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    pid_running: Callable[[int, int], bool],
+) -> None:
+    config = StackConfig.on_free_ports()
+    state = ["--state-dir", str(tmp_path)]
+    up = ["stack", "up", "--no-hapi-server", *state, *_port_flags(config)]
+    try:
+        assert cli.main(up) == 0
+        capsys.readouterr()
+        before = _recorded(tmp_path)
+        conn = running_stack(StackConfig(state_dir=tmp_path)).connection(retries=0)
+        conn.put_container("kept")
+        conn.put_object("kept", "a", b"survives restarts")
+
+        _kill(tmp_path, "memcached")
+        _kill(tmp_path, "object")
+        assert cli.main(up) == 0
+        out = capsys.readouterr().out
+        assert "Restarted memcached, object in" in out and "the other services kept running" in out
+        after = _recorded(tmp_path)
+        assert list(after) == list(before)  # start order kept
+        for name in ("account", "container", "proxy"):
+            assert after[name] == before[name], name  # not restarted
+        for name in ("memcached", "object"):
+            assert after[name] != before[name] and pid_running(*after[name]), name
+            assert not pid_running(*before[name]), name
+        # The proxy uses the new memcached: the old token is gone, a new login works.
+        fresh = running_stack(StackConfig(state_dir=tmp_path)).connection(retries=0)
+        assert fresh.get_object("kept", "a")[1] == b"survives restarts"
+
+        # Partly down with other settings: refused, nothing started, the record unchanged.
+        _kill(tmp_path, "proxy")
+        assert cli.main(["stack", "up", "--hapi-server", *state, *_port_flags(config)]) == 2
+        assert "other settings" in capsys.readouterr().err
+        assert _recorded(tmp_path) == after
+        assert cli.main(["stack", "status", *state]) == 1
+        assert cli.main(up) == 0
+        assert "Restarted proxy in" in capsys.readouterr().out
+        final = _recorded(tmp_path)
+        assert final["proxy"] != after["proxy"]
+        assert {n: final[n] for n in final if n != "proxy"} == {
+            n: after[n] for n in after if n != "proxy"
+        }
+    finally:
+        assert cli.main(["stack", "down", *state]) == 0
+    assert "Stopped proxy, object, container, account, memcached" in capsys.readouterr().out
+    assert not any(pid_running(*p) for p in final.values())
 
 
 def test_library_errors_are_one_line_and_exit_2(

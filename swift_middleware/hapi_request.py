@@ -21,8 +21,10 @@ from swift_middleware.errors import BadHapiRequestError
 __all__ = [
     "CONTENT_TYPE_HAPI_REQUEST",
     "HEADER_HAPI_REQUEST",
+    "MAX_JSON_DEPTH",
     "OPERATIONS",
     "HapiRequest",
+    "check_swift_names",
     "is_hapi_request",
     "object_path",
     "parse_hapi_request",
@@ -38,6 +40,11 @@ OPERATIONS = ("extract",)
 """The operations the filter serves."""
 
 _JSON_TYPES = ("application/json", CONTENT_TYPE_HAPI_REQUEST)
+
+MAX_JSON_DEPTH = 32
+"""Deepest nesting of arrays and objects a HAPI request body may have (a real one has 4)."""
+
+_DOT_SEGMENTS = frozenset({".", ".."})
 
 
 def object_path(account: str, container: str, obj: str) -> str:
@@ -105,6 +112,66 @@ def _read_body(req: Request, limit: int) -> bytes:
     return data
 
 
+def _json_depth(value: Any) -> int:
+    """How deeply ``value`` nests arrays and objects; iterative, so any depth is measured."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth + 1)
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _parse_json(raw: bytes) -> Any:
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        # The decoder recurses per level: a deep enough body exhausts the stack.
+        raise BadHapiRequestError(
+            f"HAPI request body nests deeper than {MAX_JSON_DEPTH} levels"
+        ) from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        # ValueError covers JSONDecodeError and Python's limit on digits in one integer.
+        raise BadHapiRequestError(f"HAPI request body is not JSON: {exc}") from None
+    if _json_depth(body) > MAX_JSON_DEPTH:
+        # Refused here rather than wherever the body is walked next (re-encoding, validation).
+        raise BadHapiRequestError(f"HAPI request body nests deeper than {MAX_JSON_DEPTH} levels")
+    return body
+
+
+def check_swift_names(**names: str) -> None:
+    """Refuse a ``.`` or ``..`` path segment in any of ``names`` (422, code ``invalid_name``).
+
+    Such a segment makes "the object that is authorised" and "the object that is read"
+    differ: URL handling resolves ``c/a/../b`` to ``c/b`` wherever it happens (an HTTP client,
+    the HAPI server's Swift reader), while Swift's ACL check ran on the name as written.
+    """
+    for what, value in names.items():
+        if any(part in _DOT_SEGMENTS for part in value.split("/")):
+            raise BadHapiRequestError(
+                f"{what} name {value!r} has a '.' or '..' path segment; such names are refused "
+                "because a URL holding them can name another object",
+                status=422,
+                code="invalid_name",
+            )
+
+
+def _check_weights_names(body: dict[str, Any]) -> None:
+    model = body.get("model")
+    weights = model.get("weights") if isinstance(model, dict) else None
+    if not isinstance(weights, dict):
+        return  # absent or malformed: the schema check of whoever runs the request says so
+    names = {k: weights[k] for k in ("container", "object") if isinstance(weights.get(k), str)}
+    check_swift_names(**{f"weights {k}": v for k, v in names.items()})
+
+
 def _check_name(body: dict[str, Any], key: str, expected: str) -> None:
     if key in body and body[key] != expected:
         raise BadHapiRequestError(
@@ -147,20 +214,21 @@ def parse_hapi_request(req: Request, max_body_bytes: int) -> HapiRequest:
             status=415,
             code="unsupported_media_type",
         )
+    # Swift hands paths over as WSGI strings (UTF-8 bytes in a latin-1 str).
+    account, container, obj = (wsgi_to_str(p) for p in (account, container, obj))
+    # Before the body is read and before anything is authorised: nothing is read for a name
+    # that could resolve to another object.
+    check_swift_names(account=account, container=container, object=obj)
     raw = _read_body(req, max_body_bytes)
     if not raw.strip():
         raise BadHapiRequestError("empty HAPI request body; send the ExtractRequest JSON")
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadHapiRequestError(f"HAPI request body is not JSON: {exc}") from None
+    body = _parse_json(raw)
     if not isinstance(body, dict):
         raise BadHapiRequestError(
             f"HAPI request body must be a JSON object, got {type(body).__name__}"
         )
-    # Swift hands paths over as WSGI strings (UTF-8 bytes in a latin-1 str).
-    account, container, obj = (wsgi_to_str(p) for p in (account, container, obj))
     _check_name(body, "container", container)
     _check_name(body, "shard", obj)
+    _check_weights_names(body)
     body = {**body, "container": container, "shard": obj}
     return HapiRequest(operation, account, container, obj, body)

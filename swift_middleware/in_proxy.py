@@ -28,9 +28,9 @@ from eventlet.semaphore import Semaphore
 from swift.common.swob import Request, Response
 
 from swift_middleware.config import FilterConfig
-from swift_middleware.errors import BadHapiRequestError, ChecksumError, HapiResponseError
+from swift_middleware.errors import ChecksumError, HapiResponseError
 from swift_middleware.hapi_request import HapiRequest, object_path
-from swift_middleware.swift_access import WsgiApp, authorize_read, read_object
+from swift_middleware.swift_access import WsgiApp, read_object, stat_object
 
 __all__ = ["InProxyExtractor"]
 
@@ -45,6 +45,11 @@ class _Runtime:
     models: ModuleType
     contract: ModuleType
     device: Any  # torch.device
+    server: ModuleType
+    """:mod:`hapi_server.inputs`: the server's own checks, so both answer bad input alike."""
+    extraction: ModuleType
+    estimates: ModuleType
+    errors: ModuleType
 
 
 def _load_runtime(device_name: str, threads: int | None) -> _Runtime:
@@ -53,12 +58,33 @@ def _load_runtime(device_name: str, threads: int | None) -> _Runtime:
     import torch
 
     import hapi_contract
+    from hapi_server import errors, estimates, extraction, inputs
 
     if threads is not None:
         torch.set_num_threads(threads)
     if device_name == "auto":
         device_name = "cuda" if torch.cuda.is_available() else "cpu"
-    return _Runtime(torch, hapi_models, hapi_contract, torch.device(device_name))
+    return _Runtime(
+        torch,
+        hapi_models,
+        hapi_contract,
+        torch.device(device_name),
+        server=inputs,
+        extraction=extraction,
+        estimates=estimates,
+        errors=errors,
+    )
+
+
+def _server_checked(rt: _Runtime, check: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run one of the HAPI server's checks; its refusal as this filter's error (same status,
+    same code), so both executions answer the same bad input the same way."""
+    try:
+        return check(*args, **kwargs)
+    except rt.errors.HapiServerError as exc:
+        raise HapiResponseError(
+            exc.detail, status=exc.status, code=exc.code, headers=exc.headers
+        ) from None
 
 
 @dataclass
@@ -156,6 +182,12 @@ class InProxyExtractor:
         # (sha256, arch, num_classes) -> (etag, model); LRU. Guarded for pool threads.
         self._models: OrderedDict[tuple[str, str, int], tuple[str, Any]] = OrderedDict()
         self._models_lock = threading.Lock()
+        self._profiles: Any = None  # hapi_server.estimates.MemoryEstimator, with the runtime
+
+    def _estimator(self, rt: _Runtime) -> Any:
+        if self._profiles is None:
+            self._profiles = rt.estimates.MemoryEstimator()
+        return self._profiles
 
     def runtime(self) -> _Runtime:
         """torch and the HAPI packages, imported in the pool on first use."""
@@ -173,13 +205,24 @@ class InProxyExtractor:
         started = time.perf_counter()
         rt = self.runtime()
         extract = _validate(rt, hapi.body)
-        _check_model(rt, extract)
+        _server_checked(rt, rt.extraction.check_model, extract.model, extract.split_index)
         transform = rt.models.InputTransform(
             resize=extract.transform.resize,
             crop=extract.transform.crop,
             mean=tuple(extract.transform.mean),
             std=tuple(extract.transform.std),
         )
+        # The server's meta-device profile: a 422 now for an input the network cannot take
+        # (a crop too small for its pooling), rather than an error frame after the 200.
+        tpool.execute(
+            _server_checked,
+            rt,
+            self._estimator(rt).profile,
+            extract.model.arch,
+            extract.model.num_classes,
+            transform.input_shape,
+        )
+        self._check_weights_size(rt, extract, None)  # before the shard is read
         self._slots.acquire()
         try:
             return self._start(req, hapi, rt, extract, transform, started)
@@ -244,22 +287,37 @@ class InProxyExtractor:
         )
 
         def parse() -> tuple[list[bytes], list[int]]:
-            samples = rt.contract.read_shard(
+            # The server's own shard checks (format, sample count, image headers).
+            result: tuple[list[bytes], list[int]] = _server_checked(
+                rt,
+                rt.server.parse_shard,
                 data,
+                what,
                 max_samples=self.config.max_samples_per_request,
+                max_pixels=self.config.max_image_pixels,
                 num_classes=extract.model.num_classes,
             )
-            images = [s.image_bytes for s in samples]
-            _check_pixels(images, self.config.max_image_pixels)
-            return images, [s.label for s in samples]
+            return result
 
-        try:
-            result: tuple[list[bytes], list[int]] = tpool.execute(parse)
-        except rt.contract.DatasetFormatError as exc:
-            raise BadHapiRequestError(
-                f"shard {what}: {exc}", status=422, code="invalid_shard"
-            ) from None
+        result: tuple[list[bytes], list[int]] = tpool.execute(parse)
         return result
+
+    def _check_weights_size(self, rt: _Runtime, extract: Any, size: int | None) -> None:
+        """The server's cheap model checks: weights of another model or class count, or a
+        model over ``max_weights_bytes``, are refused before a byte is read or a model built."""
+        ref = extract.model
+        fp = tpool.execute(rt.estimates.model_footprint, ref.arch, ref.num_classes)
+        _server_checked(
+            rt,
+            rt.server.check_weights_size,
+            size,
+            state_bytes=fp.state_bytes,
+            state_key_bytes=fp.state_key_bytes,
+            num_tensors=fp.num_tensors,
+            max_bytes=self.config.max_weights_bytes,
+            what=f"weights {ref.weights.container}/{ref.weights.object}",
+            model=f"{ref.arch} with {ref.num_classes} classes",
+        )
 
     def _model(self, req: Request, account: str, extract: Any, rt: _Runtime) -> Any:
         ref = extract.model
@@ -268,13 +326,14 @@ class InProxyExtractor:
         what = f"weights {w.container}/{w.object}"
         # Authorise first, cached or not: a cached model goes only to callers who may read the
         # weights, and only while the object is still the blob that was verified.
-        etag = authorize_read(req.environ, self.app, path, what)
+        etag, size = stat_object(req.environ, self.app, path, what)
         key = (w.sha256, ref.arch, ref.num_classes)
         with self._models_lock:
             cached = self._models.get(key)
             if cached is not None and cached[0] == etag:
                 self._models.move_to_end(key)
                 return cached[1]
+        self._check_weights_size(rt, extract, size)
         blob, etag = read_object(
             req.environ, self.app, path, what, limit=self.config.max_weights_bytes
         )
@@ -286,7 +345,7 @@ class InProxyExtractor:
             try:
                 model = rt.models.get_model(ref.arch, num_classes=ref.num_classes, weights=blob)
             except rt.models.WeightsError as exc:
-                raise BadHapiRequestError(
+                raise HapiResponseError(
                     f"{what}: {exc}", status=422, code="invalid_request"
                 ) from None
             return model.to(rt.device).eval()
@@ -312,47 +371,3 @@ def _validate(rt: _Runtime, body: dict[str, Any]) -> Any:
         raise HapiResponseError(
             "; ".join(parts) or "invalid request", status=422, code="invalid_request"
         ) from None
-
-
-def _check_model(rt: _Runtime, extract: Any) -> None:
-    ref = extract.model
-    try:
-        spec = rt.models.get_spec(ref.arch)
-    except rt.models.UnknownModelError as exc:
-        raise HapiResponseError(str(exc), status=422, code="invalid_request") from None
-    if not 0 <= extract.split_index <= spec.num_layers:
-        raise HapiResponseError(
-            f"split_index {extract.split_index} out of range for {ref.arch}: "
-            f"must be in [0, {spec.num_layers}]",
-            status=422,
-            code="invalid_request",
-        )
-    if ref.weights is None:
-        raise HapiResponseError(
-            "model.weights is required: store the weights in Swift (`hapi upload model`) and "
-            "name them with their sha256, so the proxy and the client run the same network",
-            status=422,
-            code="invalid_request",
-        )
-
-
-def _check_pixels(images: list[bytes], max_pixels: int) -> None:
-    # Header-only: refuses decompression bombs before any pixel is decoded.
-    import io
-
-    from PIL import Image, UnidentifiedImageError
-
-    for i, data in enumerate(images):
-        try:
-            with Image.open(io.BytesIO(data)) as img:
-                pixels = img.width * img.height
-        except (UnidentifiedImageError, OSError) as exc:
-            raise BadHapiRequestError(
-                f"sample {i}: not a decodable image ({exc})", status=422, code="invalid_shard"
-            ) from None
-        if pixels > max_pixels:
-            raise BadHapiRequestError(
-                f"sample {i}: {pixels} pixels exceeds the limit of {max_pixels}",
-                status=413,
-                code="too_large",
-            )

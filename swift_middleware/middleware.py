@@ -108,17 +108,16 @@ class HapiMiddleware:
                 timeout=config.health_timeout,
             )
 
-    def __call__(
-        self, env: dict[str, Any], start_response: Callable[..., Any]
-    ) -> Iterable[bytes]:
+    def __call__(self, env: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         req = Request(env)
         if not is_hapi_request(req):
             return self.app(env, start_response)
         try:
             resp = self.handle(req)
         except HapiResponseError as exc:
-            logger.info("HAPI request %s %s refused: %s %s", req.method, req.path, exc.status,
-                        exc.detail)
+            logger.info(
+                "HAPI request %s %s refused: %s %s", req.method, req.path, exc.status, exc.detail
+            )
             resp = json_error(exc)
         return resp(env, start_response)
 

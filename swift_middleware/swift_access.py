@@ -17,7 +17,7 @@ from swift.common.wsgi import make_subrequest
 
 from swift_middleware.errors import BadHapiRequestError, SwiftDeniedError
 
-__all__ = ["SWIFT_SOURCE", "WsgiApp", "authorize_read", "read_object"]
+__all__ = ["SWIFT_SOURCE", "WsgiApp", "authorize_read", "read_object", "stat_object"]
 
 SWIFT_SOURCE = "HAPI"
 """How the proxy log marks the filter's subrequests."""
@@ -45,14 +45,20 @@ def _refusal(resp: Response, what: str) -> SwiftDeniedError:
     return SwiftDeniedError(detail, status=status, code=code, headers=headers)
 
 
-def authorize_read(env: dict[str, Any], app: WsgiApp, path: str, what: str) -> str:
-    """HEAD ``path`` as the caller; its etag when allowed, else SwiftDeniedError."""
+def stat_object(env: dict[str, Any], app: WsgiApp, path: str, what: str) -> tuple[str, int | None]:
+    """HEAD ``path`` as the caller: ``(etag, size)`` when allowed, else SwiftDeniedError."""
     sub = make_subrequest(env, method="HEAD", path=path, swift_source=SWIFT_SOURCE)
     resp = sub.get_response(app)
     drain_and_close(resp)
     if not is_success(resp.status_int):
         raise _refusal(resp, what)
-    return str(resp.headers.get("Etag", "")).strip('"')
+    size = resp.content_length if isinstance(resp.content_length, int) else None
+    return str(resp.headers.get("Etag", "")).strip('"'), size
+
+
+def authorize_read(env: dict[str, Any], app: WsgiApp, path: str, what: str) -> str:
+    """HEAD ``path`` as the caller; its etag when allowed, else SwiftDeniedError."""
+    return stat_object(env, app, path, what)[0]
 
 
 def read_object(

@@ -4,8 +4,11 @@ A HAPI request is a ``POST`` to the shard's object URL with ``X-Hapi-Request: ex
 content type ``application/x-hapi-request+json``) and the ``ExtractRequest`` JSON as its body
 (``container`` and ``shard`` may be left out: the URL names them). The filter
 
-1. checks the envelope (method, object URL, body size, a JSON object whose names match the
-   URL) and answers 4xx with a JSON ``{"detail", "code"}`` body when it is malformed;
+1. checks the envelope (method, object URL, body size, a JSON object at most
+   ``MAX_JSON_DEPTH`` deep whose names match the URL) and answers 4xx with a JSON
+   ``{"detail", "code"}`` body when it is malformed; a ``.`` or ``..`` segment in the
+   account, container, object or weights names is a 422 ``invalid_name`` before anything is
+   authorised (URL handling would resolve it to another object than the one authorised);
 2. authorises a read of the object *as the caller*: a HEAD subrequest through the rest of the
    pipeline, so tempauth or keystone and the container ACLs decide; their 401/403/404 is
    passed on;

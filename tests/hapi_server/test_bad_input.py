@@ -271,6 +271,21 @@ def test_a_dot_segment_is_never_resolved_to_another_object(
         assert "content-type" in resp.headers and "frames" not in resp.headers["content-type"]
 
 
+def test_finetune_still_trains_after_the_refusals(
+    bad_server: ServerProcess, bad_data: Dataset
+) -> None:
+    resp = httpx.post(
+        f"{bad_server.url}/v1/finetune",
+        json=finetune_body(bad_data, eval_shards=[OK]),
+        headers=bad_data.headers(),
+        timeout=TIMEOUT,
+    )
+    assert resp.status_code == 200, resp.content[:500]
+    assert hapi_models.sha256_hex(resp.content) == resp.headers["x-hapi-sha256"]
+    trained = hapi_models.get_model(ARCH, num_classes=3, weights=resp.content)
+    assert sum(p.numel() for p in trained.parameters()) > 0
+
+
 # --- admission before the model is built ------------------------------------------------------
 
 
@@ -289,7 +304,9 @@ def _rss(pid: int) -> int:
 
 @pytest.mark.slow  # starts its own server
 def test_wrong_weights_for_a_huge_model_are_refused_without_building_it(
-    big_weights_server: ServerProcess, bad_data: Dataset
+    big_weights_server: ServerProcess,
+    bad_data: Dataset,
+    record_property: Callable[[str, object], None],
 ) -> None:
     body = with_weights(ok_body(bad_data), bad_data, arch="vgg19", num_classes=100_000)
     before = _rss(big_weights_server.process.pid)
@@ -299,9 +316,13 @@ def test_wrong_weights_for_a_huge_model_are_refused_without_building_it(
         headers=bad_data.headers(),
         timeout=TIMEOUT,
     )
+    # Reported, not asserted on (no timing thresholds): the issue measured 25 s and 2 GB.
+    record_property("seconds", resp.elapsed.total_seconds())
+    record_property("rss_before", before)
     err = assert_error(resp, 422, "invalid_request")
     assert "vgg19 with 100000 classes" in err.detail
     grown = _rss(big_weights_server.process.pid) - before
+    record_property("rss_grown", grown)
     # Building the model would allocate its 2.2 GB of parameters; a tenth of that bounds what
     # the request may have cost (profiles and buffers, not the model).
     assert grown < model_footprint("vgg19", 100_000).resident_bytes // 10, grown

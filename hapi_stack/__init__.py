@@ -10,6 +10,8 @@
     down(stack.config)
 
 Processes are recorded with their start times in ``STATE_DIR/pids.json`` and stopped by PID only.
+``up`` on a partly stopped stack (a service crashed or was killed) starts only the services that
+are down and keeps the others, memcached's tokens included, running.
 """
 
 from hapi_stack._config import ADMIN_USER, OTHER_USER, PORT_SETTINGS, StackConfig, SwiftUser

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -112,6 +113,15 @@ def test_up_on_a_partly_stopped_stack_starts_only_what_is_down(
         assert "other settings" in capsys.readouterr().err
         assert _recorded(tmp_path) == after
         assert cli.main(["stack", "status", *state]) == 1
+        # The dead proxy's port taken by another program: refused before starting anything.
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as blocker:
+            # SO_REUSEADDR: the killed proxy's connections may linger in TIME_WAIT.
+            blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            blocker.bind(("127.0.0.1", config.proxy_port))
+            blocker.listen()
+            assert cli.main(up) == 2
+            assert f"port {config.proxy_port}" in capsys.readouterr().err
+        assert _recorded(tmp_path) == after
         assert cli.main(up) == 0
         assert "Restarted proxy in" in capsys.readouterr().out
         final = _recorded(tmp_path)

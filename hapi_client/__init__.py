@@ -18,8 +18,10 @@ from .errors import (
     ServerUnavailableError,
     SwiftAccessError,
     SwiftUnavailableError,
+    VerificationError,
 )
 from .feature_cache import FeatureCache
+from .feature_dataset import FeatureDataset, LocalModel
 from .finetune import MODES, EpochMetrics, FinetuneResult, run_finetune
 from .model_store import (
     StoredModel,
@@ -28,6 +30,7 @@ from .model_store import (
     resolve_model,
     upload_model,
 )
+from .preparation import PreparedModel, prepare_model
 from .retry import DEFAULT_RETRY_BUDGET_S
 from .split import SplitDecision, choose_split_index
 from .swift_session import DEFAULT_AUTH_URL, SwiftCredentials, SwiftSession
@@ -44,6 +47,11 @@ __all__ = [
     "DeliveryError",
     "EpochMetrics",
     "FeatureCache",
+    "FeatureDataset",
+    "LocalModel",
+    "PreparedModel",
+    "VerificationError",
+    "prepare_model",
     "FinetuneResult",
     "HapiClient",
     "HapiClientError",

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any, Literal
+from typing import Literal
 
 from hapi_contract import DatasetManifest
 
 from .bandwidth import BandwidthEstimator
 from .datasets import DatasetError, load_manifest
 from .errors import ConfigurationError, SwiftAccessError
-from .finetune import FinetuneResult, run_finetune
+from .finetune import run_finetune
 from .retry import RetryPolicy
 from .swift_session import SwiftCredentials, SwiftSession
 from .throttle import TokenBucket
@@ -74,9 +74,10 @@ class HapiClient:
         except DatasetError as exc:
             raise SwiftAccessError(str(exc)) from exc
 
-    def finetune(self, **options: Any) -> FinetuneResult:
-        """Fine-tune a model stored in Swift on a dataset container; see :func:`run_finetune`."""
-        return run_finetune(self, **options)
+    #: The recipe, :func:`~hapi_client.finetune.run_finetune`, as a method: fine-tune a stored
+    #: model on a dataset container (``client.finetune(model=..., container=..., ...)``). For
+    #: a loop of your own, use :class:`~hapi_client.FeatureDataset` instead.
+    finetune = run_finetune
 
     def close(self) -> None:
         self.transport.close()

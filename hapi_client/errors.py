@@ -6,7 +6,8 @@ HapiClientError
 │   └── SwiftUnavailableError   ... still unreachable or 5xx when the retry budget ran out
 ├── ServerError               the HAPI server answered an error that retrying cannot fix
 ├── ServerUnavailableError    the HAPI server unreachable or failing for the retry budget
-└── DeliveryError             samples lost or duplicated
+├── DeliveryError             samples lost or duplicated
+└── VerificationError         features from the server differ from the local recomputation
 """
 
 from __future__ import annotations
@@ -63,3 +64,7 @@ class ServerUnavailableError(HapiClientError):
 
 class DeliveryError(HapiClientError):
     """Samples were lost or duplicated: the epoch cannot be completed exactly once."""
+
+
+class VerificationError(HapiClientError):
+    """Pushdown verification found features or labels that the local model does not reproduce."""

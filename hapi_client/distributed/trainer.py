@@ -50,14 +50,13 @@ import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
 
-from hapi_contract import Compression, DatasetManifest, OutputDtype, profile_to_spec
+from hapi_contract import Compression, DatasetManifest, OutputDtype
 
 from ..client import HapiClient
 from ..errors import DeliveryError
 from ..feature_cache import FeatureCache
-from ..finetune import decide_split, make_shard_loader
-from ..model_store import download_model, resolve_model
 from ..pipeline import EpochCounters, iterate_batches, plan_epoch
+from ..preparation import cos_batch_cap, decide_split, prepare_model
 from ..robust import (
     ALittleIsEnough,
     Attack,
@@ -68,6 +67,7 @@ from ..robust import (
     get_attack,
     near_memory_limit,
 )
+from ..shard_loaders import make_shard_loader
 from ..swift_session import DEFAULT_AUTH_URL, SwiftCredentials
 from .channel import AggregatorChannel, WorkerChannel
 from .config import DistributedConfig
@@ -279,30 +279,18 @@ class _Run:
 
     def _setup_model(self, client: HapiClient) -> None:
         cfg = self.config
-        self.stored = resolve_model(client.swift, cfg.model)
-        self.manifest = client.manifest(cfg.container)
+        prepared = prepare_model(client, cfg.model, cfg.container, num_classes=cfg.num_classes,
+                                 freeze_index=cfg.freeze_index, image_size=cfg.image_size, seed=cfg.seed)
+        self.stored, self.manifest, self.transform = prepared.stored, prepared.manifest, prepared.transform
         self.eval_manifest: DatasetManifest | None = None
         if self.rank == 0 and cfg.eval_container:
             self.eval_manifest = client.manifest(cfg.eval_container)
-        classes = cfg.num_classes or len(self.manifest.classes)
-        net = download_model(client.swift, self.stored)
-        transform = net.transform
-        if cfg.image_size is not None:
-            transform = replace(transform, resize=round(cfg.image_size * transform.resize / transform.crop),
-                                crop=cfg.image_size)
-        self.transform = transform
-        freeze = net.default_freeze_index if cfg.freeze_index is None else cfg.freeze_index
-        if not 0 <= freeze < net.num_layers:
-            raise DistributedConfigError(
-                f"freeze index {freeze} out of range [0, {net.num_layers - 1}] for {self.stored.arch}")
-        if classes != self.stored.num_classes:
-            net.replace_classifier(classes, seed=cfg.seed)
+        net, freeze = prepared.net, prepared.freeze_index
         self.freeze = freeze
         self.dtype = OutputDtype(cfg.output_dtype)
         self.compression = Compression(cfg.compression)
-        prof = hapi_models.profile(net, transform.input_shape)
-        self.profile_spec = profile_to_spec(prof)
-        self.split = self._agree_on_split(client, prof)
+        self.profile_spec = prepared.profile_spec
+        self.split = self._agree_on_split(client, prepared.profile)
         net = net.to(self.device)
         hapi_models.prepare_for_finetuning(net, freeze)
         self.net = net
@@ -409,7 +397,7 @@ class _Run:
         self.balancer = BatchBalancer(cfg.batch_size, self.world) if cfg.balance else None
         self.assignment: tuple[int, ...] = tuple(even_split(cfg.batch_size, self.world))
         cache = self.cache
-        b_max = cfg.b_max or max(1, min(self.manifest.shard_size, 1000))
+        b_max = cos_batch_cap(self.manifest, cfg.b_max)
         loader = make_shard_loader(
             client, self.manifest, cfg.container, split=self.split, transform=self.transform,
             stored=self.stored, profile_spec=self.profile_spec, b_max=b_max, output_dtype=self.dtype,

@@ -1,0 +1,420 @@
+"""HAPI in the user's own training loop: a dataset of split-layer features and the model's local half.
+
+>>> ds = FeatureDataset(client, "photos-train", "models/resnet18", batch_size=64)
+>>> model = ds.local_model(device="cuda")       # layers [split, n); [split, freeze) frozen
+>>> opt = torch.optim.SGD(model.trainable_parameters(), lr=0.01)
+>>> for epoch in range(3):
+...     ds.set_epoch(epoch)
+...     for features, labels in DataLoader(ds, batch_size=None):
+...         loss = F.cross_entropy(model(features.to("cuda")), labels.to("cuda"))
+...         opt.zero_grad(); loss.backward(); opt.step()
+>>> hapi_models.save_weights(model.full_model(), "finetuned.safetensors")
+
+The dataset yields exact training batches (every sample once per epoch, in an order fixed by
+``seed`` and the epoch), prefetched on its own threads; what only HAPI does stays inside: the
+split chosen from the measured bandwidth (and re-chosen at an epoch boundary when it drifts),
+the feature pushdown with the server's batch adaptation, the feature cache and, optionally,
+local verification of the pushdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import weakref
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Literal
+
+import hapi_models
+import torch
+from torch import nn
+from torch.utils.data import IterableDataset, get_worker_info
+
+from hapi_contract import Compression, DatasetManifest, OutputDtype
+
+from .errors import ConfigurationError
+from .feature_cache import FeatureCache
+from .model_store import StoredModel
+from .pipeline import EpochCounters, ShardLoader, iterate_batches, plan_epoch, rank_share
+from .preparation import PreparedModel, SplitChoice, cos_batch_cap, decide_split, prepare_model
+from .shard_loaders import PushdownVerifier, make_shard_loader
+from .split import SplitDecision
+
+if TYPE_CHECKING:
+    from .client import HapiClient
+
+__all__ = ["FeatureDataset", "LocalModel"]
+
+log = logging.getLogger(__name__)
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+_STATE_VERSION = 1
+
+
+class LocalModel(nn.Module):
+    """The compute-tier half of a split model: it takes the features of layer ``split``.
+
+    It runs layers ``[split, n)``: ``[split, freeze)`` frozen and kept in eval mode (their
+    batch-norm statistics stay the pretrained ones, whatever ``train()`` says), ``[freeze, n)``
+    trainable. It holds the whole model (the layers before ``split`` are frozen and unused), so
+    that :meth:`full_model` is one call and a re-split at an epoch boundary only moves
+    :attr:`split`. A plain ``nn.Module``: wrap it in DDP, compile it, checkpoint it as usual.
+    """
+
+    def __init__(self, model: hapi_models.SplittableModel, split: int, freeze_index: int) -> None:
+        super().__init__()
+        if not 0 <= split <= freeze_index < model.num_layers:
+            raise ConfigurationError(
+                f"need 0 <= split ({split}) <= freeze ({freeze_index}) < {model.num_layers}"
+            )
+        self.model = model
+        self.split = split
+        self.freeze_index = freeze_index
+        hapi_models.prepare_for_finetuning(model, freeze_index)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        x = features
+        for layer in self.model.layers[self.split :]:
+            x = layer(x)
+        return x
+
+    def train(self, mode: bool = True) -> LocalModel:
+        super().train(mode)
+        hapi_models.set_modes(self.model, self.freeze_index, training=mode)
+        return self
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """The parameters of layers ``[freeze, n)``: what an optimizer should get."""
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def full_model(self) -> hapi_models.SplittableModel:
+        """The whole model with the trained weights (shared, not copied): save or upload it."""
+        return self.model
+
+
+class FeatureDataset(IterableDataset[Batch]):
+    """Training batches ``(features at the split, labels)`` of a Swift dataset container.
+
+    Args:
+        client: an open :class:`~hapi_client.HapiClient` (Swift credentials, HAPI endpoint).
+        container: the dataset container (shards + manifest, ``hapi upload dataset``).
+        model: a stored model, ``"container/arch"`` or a :class:`StoredModel`.
+        batch_size: samples per batch (per rank). Batches are exact: every one is
+            ``batch_size`` samples except the last ones of an epoch.
+        split: ``"auto"`` (thesis Algorithm 2 on the measured bandwidth; re-checked at each
+            epoch boundary), ``"freeze"`` or a layer index; ``mode="baseline"`` means split 0.
+        mode: ``"hapi"`` (pushdown) or ``"baseline"`` (raw shards decoded locally).
+        freeze_index: layers before it stay frozen (default: the architecture's).
+        num_classes: classifier size (default: the dataset's class count).
+        transform, image_size: the input transform (default: the model's), at another crop size.
+        seed: the epoch order and the new classifier's initialisation.
+        shuffle: shuffle shards and samples per epoch (False: stored order, for evaluation).
+        rank, world_size: this process's part of each epoch (default: from
+            ``torch.distributed`` when it is initialised, else 0 and 1). Every rank reads its
+            own shards and gets the same number of batches.
+        output_dtype, compression: how features travel (``float32``/``float16``/``bfloat16``;
+            ``none``/``zstd``).
+        b_max: the largest COS batch the server may use (default: one shard, at most 1000).
+        cache_features: keep features of the frozen split in memory for later epochs.
+        prefetch: shards loaded ahead (default: enough for one batch, at least 2).
+        verify_fraction: fraction of shards whose features are recomputed locally
+            (``verify_samples`` samples each); a mismatch raises
+            :class:`~hapi_client.VerificationError`.
+
+    Use it directly in a ``for`` loop or through ``DataLoader(ds, batch_size=None)`` with
+    ``num_workers=0`` (the dataset prefetches on its own threads). After an epoch ends the next
+    iteration starts the next epoch; :meth:`set_epoch` sets it explicitly, as with
+    ``DistributedSampler``. :meth:`state_dict` / :meth:`load_state_dict` resume in the middle of
+    an epoch with nothing lost or repeated (``torchdata``'s ``StatefulDataLoader`` calls them).
+    """
+
+    def __init__(
+        self,
+        client: HapiClient,
+        container: str,
+        model: str | StoredModel,
+        *,
+        batch_size: int,
+        split: SplitChoice = "auto",
+        mode: Literal["hapi", "baseline"] = "hapi",
+        freeze_index: int | None = None,
+        num_classes: int | None = None,
+        transform: hapi_models.InputTransform | None = None,
+        image_size: int | None = None,
+        seed: int = 0,
+        shuffle: bool = True,
+        rank: int | None = None,
+        world_size: int | None = None,
+        output_dtype: str | OutputDtype = OutputDtype.FLOAT32,
+        compression: str | Compression = Compression.NONE,
+        b_max: int | None = None,
+        cache_features: bool = True,
+        prefetch: int | None = None,
+        verify_fraction: float = 0.0,
+        verify_samples: int = 4,
+        prepared: PreparedModel | None = None,
+    ) -> None:
+        super().__init__()
+        if mode not in ("hapi", "baseline"):
+            raise ConfigurationError(f"mode must be 'hapi' or 'baseline', got {mode!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigurationError(f"batch_size must be a positive integer, got {batch_size!r}")
+        try:
+            self.output_dtype = OutputDtype(output_dtype)
+            self.compression = Compression(compression)
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from exc
+        self.client = client
+        self.container = container
+        self.batch_size = batch_size
+        self.mode = mode
+        self.seed = seed
+        self.shuffle = shuffle
+        self.rank, self.world_size = _rank_and_world(rank, world_size)
+        self.prepared = prepared or prepare_model(
+            client,
+            model,
+            container,
+            num_classes=num_classes,
+            freeze_index=freeze_index,
+            transform=transform,
+            image_size=image_size,
+            seed=seed,
+        )
+        self.b_max = cos_batch_cap(self.prepared.manifest, b_max)
+        self.cache = FeatureCache() if cache_features and mode == "hapi" else None
+        self.prefetch = prefetch or max(
+            2, math.ceil(batch_size / self.prepared.manifest.shard_size) + 1
+        )
+        self.verifier = (
+            PushdownVerifier(
+                client,
+                self.prepared.net,
+                self.prepared.transform,
+                verify_fraction,
+                verify_samples,
+                seed,
+            )
+            if verify_fraction > 0 and mode == "hapi"
+            else None
+        )
+        self._split_choice: SplitChoice = 0 if mode == "baseline" else split
+        self.decision = self._decide()
+        self._epoch = 0
+        self._position = 0  # batches of the current epoch already yielded
+        self._locals: weakref.WeakSet[LocalModel] = weakref.WeakSet()
+        self.last_counters = EpochCounters()
+        len(self)  # refuses at once a share that cannot work (fewer shards than ranks...)
+
+    # -- what the user reads ------------------------------------------------------------------
+
+    @property
+    def manifest(self) -> DatasetManifest:
+        return self.prepared.manifest
+
+    @property
+    def split_index(self) -> int:
+        return self.decision.split_index
+
+    @property
+    def freeze_index(self) -> int:
+        return self.prepared.freeze_index
+
+    @property
+    def num_classes(self) -> int:
+        return self.prepared.num_classes
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def __len__(self) -> int:
+        """Batches per epoch for this rank (the same on every rank)."""
+        sizes = [s.samples for s in self.manifest.shards]
+        order = range(len(sizes))
+        return len(rank_share(order, sizes, self.batch_size, self.rank, self.world_size)[1])
+
+    def local_model(self, device: torch.device | str = "cpu") -> LocalModel:
+        """The model half that takes this dataset's features, moved to ``device``.
+
+        The same module on every call (it follows the dataset's split when it changes).
+        """
+        for existing in self._locals:
+            return existing.to(device)
+        local = LocalModel(self.prepared.net, self.split_index, self.freeze_index).to(device)
+        self._locals.add(local)
+        return local
+
+    # -- epochs and resumption -----------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Iterate epoch ``epoch`` next, in its own order (from ``seed`` and ``epoch``).
+
+        Another epoch than the current one starts at its beginning; the current one goes on
+        where it stands, so a run resumed with :meth:`load_state_dict` can call ``set_epoch``
+        at the top of its epoch loop as usual.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ConfigurationError(f"epoch must be an integer >= 0, got {epoch!r}")
+        if epoch != self._epoch:
+            self._position = 0
+        self._epoch = epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the iteration stands: restore it with :meth:`load_state_dict` to resume."""
+        return {
+            "version": _STATE_VERSION,
+            "epoch": self._epoch,
+            "batches_done": self._position,
+            "split_index": self.split_index,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "num_samples": self.manifest.num_samples,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: the next iteration continues the saved epoch after its last yielded batch."""
+        if state.get("version") != _STATE_VERSION:
+            raise ConfigurationError(
+                f"unknown FeatureDataset state version {state.get('version')!r}"
+            )
+        mine = self.state_dict()
+        for key in ("seed", "batch_size", "rank", "world_size", "num_samples"):
+            if state.get(key) != mine[key]:
+                raise ConfigurationError(
+                    f"the saved state has {key}={state.get(key)!r} where this dataset has "
+                    f"{mine[key]!r}: it belongs to another run"
+                )
+        if state["split_index"] != self.split_index:
+            self._split_choice = state["split_index"]
+            self.decision = self._decide()
+            self._follow_split()
+        self._epoch = int(state["epoch"])
+        self._position = int(state["batches_done"])
+
+    # -- iteration ------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Batch]:
+        if get_worker_info() is not None:
+            raise ConfigurationError(
+                "FeatureDataset prefetches on its own threads: use DataLoader(ds, batch_size=None) "
+                "with num_workers=0"
+            )
+        manifest = self.manifest
+        sizes = [s.samples for s in manifest.shards]
+        if self._position == 0:
+            self._maybe_resplit()
+        if self._position >= len(self):  # the saved epoch was complete: start the next
+            self._epoch, self._position = self._epoch + 1, 0
+            self._maybe_resplit()
+        epoch = self._epoch
+        plan = plan_epoch(len(sizes), self.seed, epoch, shuffle=self.shuffle)
+        shards, batch_sizes = rank_share(
+            plan.shard_order, sizes, self.batch_size, self.rank, self.world_size
+        )
+        loader = self._loader(self.split_index)
+        counters = EpochCounters()
+        log.info(
+            "epoch %d (rank %d/%d): %d batches from batch %d, split %d",
+            epoch,
+            self.rank,
+            self.world_size,
+            len(batch_sizes),
+            self._position,
+            self.split_index,
+        )
+        with ThreadPoolExecutor(self.prefetch, thread_name_prefix="hapi-prefetch") as pool:
+            batches = iterate_batches(
+                plan,
+                sizes,
+                loader,
+                self.batch_size,
+                pool,
+                self.prefetch,
+                counters,
+                permute=self.shuffle,
+                shards=shards,
+                batch_sizes=batch_sizes,
+                start_batch=self._position,
+            )
+            for batch in batches:
+                self._position += 1
+                self.last_counters = counters
+                yield batch
+        self.last_counters = counters
+        self._epoch, self._position = epoch + 1, 0
+
+    def _loader(self, split: int) -> ShardLoader:
+        p = self.prepared
+        return make_shard_loader(
+            self.client,
+            p.manifest,
+            self.container,
+            split=split,
+            transform=p.transform,
+            stored=p.stored if self.mode == "hapi" else None,
+            profile_spec=p.profile_spec,
+            b_max=self.b_max,
+            output_dtype=self.output_dtype,
+            compression=self.compression,
+            cache=self.cache,
+            verifier=self.verifier,
+        )
+
+    def _decide(self) -> SplitDecision:
+        choice = self._split_choice
+        bandwidth = self.client.bandwidth.bytes_per_s
+        if choice == "auto" and bandwidth is None:
+            self.client.swift.probe(self.container, self.manifest.shards[0].name)
+            bandwidth = self.client.bandwidth.bytes_per_s
+        return decide_split(
+            self.prepared.profile,
+            self.manifest,
+            self.batch_size,
+            bandwidth,
+            self.freeze_index,
+            self.output_dtype,
+            choice,
+        )
+
+    def _maybe_resplit(self) -> None:
+        bandwidth = self.client.bandwidth.bytes_per_s
+        if self._split_choice != "auto" or bandwidth is None:
+            return
+        if not self.client.bandwidth.drifted(self.decision.budget_bytes):
+            return
+        new = self._decide()
+        if new.split_index != self.split_index:
+            log.info(
+                "bandwidth drifted to %.1f Mbit/s: split %d -> %d",
+                bandwidth * 8e-6,
+                self.split_index,
+                new.split_index,
+            )
+        self.decision = new
+        self._follow_split()
+
+    def _follow_split(self) -> None:
+        for local in self._locals:
+            local.split = self.split_index
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise ConfigurationError(
+            "FeatureDataset holds a live HAPI client and cannot be pickled: use "
+            "DataLoader(ds, batch_size=None) with num_workers=0 (it prefetches on its own threads)"
+        )
+
+
+def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if rank is None and world_size is None:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_rank(), torch.distributed.get_world_size()
+        return 0, 1
+    if rank is None or world_size is None:
+        raise ConfigurationError("give both rank and world_size, or neither")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ConfigurationError(f"rank {rank} out of range for world size {world_size}")
+    return rank, world_size

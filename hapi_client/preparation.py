@@ -1,0 +1,145 @@
+"""What every way of training through HAPI sets up first: the model, its transform, freeze and split.
+
+One place for it, so that the feature dataset, the :func:`~hapi_client.finetune.run_finetune`
+recipe and the multi-worker trainer resolve the stored model, rescale the input transform,
+check the freeze index, size the classifier, profile the model and choose the split the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import hapi_models
+
+from hapi_contract import DatasetManifest, OutputDtype, ProfileSpec, profile_to_spec
+
+from .errors import ConfigurationError
+from .model_store import StoredModel, download_model, resolve_model
+from .split import SplitDecision, choose_split_index
+
+if TYPE_CHECKING:
+    from .client import HapiClient
+
+__all__ = [
+    "PreparedModel",
+    "SplitChoice",
+    "cos_batch_cap",
+    "decide_split",
+    "prepare_model",
+    "rescale_transform",
+]
+
+log = logging.getLogger(__name__)
+
+#: ``"auto"`` (from the measured bandwidth), ``"freeze"`` (the freeze index) or an index.
+SplitChoice = int | Literal["auto", "freeze"]
+
+
+@dataclass
+class PreparedModel:
+    """A stored model made ready to train on one dataset container."""
+
+    stored: StoredModel
+    manifest: DatasetManifest
+    net: hapi_models.SplittableModel
+    """The whole model, classifier sized to the dataset, on the CPU, not yet frozen."""
+    transform: hapi_models.InputTransform
+    freeze_index: int
+    num_classes: int
+    profile: hapi_models.ModelProfile
+    profile_spec: ProfileSpec
+    profile_seconds: float
+
+
+def rescale_transform(
+    transform: hapi_models.InputTransform, image_size: int | None
+) -> hapi_models.InputTransform:
+    """The transform at another crop size, keeping its resize/crop ratio and normalisation."""
+    if image_size is None:
+        return transform
+    if image_size < 1:
+        raise ConfigurationError(f"image_size must be >= 1, got {image_size}")
+    resize = round(image_size * transform.resize / transform.crop)
+    return dataclasses.replace(transform, resize=resize, crop=image_size)
+
+
+def cos_batch_cap(manifest: DatasetManifest, b_max: int | None) -> int:
+    """The largest COS batch the server may use: the request's, else one shard (at most 1000)."""
+    if b_max is not None:
+        if b_max < 1:
+            raise ConfigurationError(f"b_max must be >= 1, got {b_max}")
+        return b_max
+    return max(1, min(manifest.shard_size, 1000))
+
+
+def prepare_model(
+    client: HapiClient,
+    model: str | StoredModel,
+    container: str,
+    *,
+    num_classes: int | None = None,
+    freeze_index: int | None = None,
+    transform: hapi_models.InputTransform | None = None,
+    image_size: int | None = None,
+    seed: int = 0,
+) -> PreparedModel:
+    """Resolve and download ``model``, and fit it to the dataset in ``container``.
+
+    The classifier gets the dataset's class count (or ``num_classes``), initialised from
+    ``seed`` so that every process that prepares the same run builds the same head.
+    """
+    stored = resolve_model(client.swift, model)
+    manifest = client.manifest(container)
+    classes = num_classes or len(manifest.classes)
+    net = download_model(client.swift, stored)
+    transform = rescale_transform(transform or net.transform, image_size)
+    freeze = net.default_freeze_index if freeze_index is None else freeze_index
+    if isinstance(freeze, bool) or not isinstance(freeze, int) or not 0 <= freeze < net.num_layers:
+        raise ConfigurationError(
+            f"freeze index {freeze!r} out of range [0, {net.num_layers - 1}] for {stored.arch}"
+        )
+    if classes != stored.num_classes:
+        net.replace_classifier(classes, seed=seed)
+    start = time.perf_counter()
+    prof = hapi_models.profile(net, transform.input_shape)
+    seconds = time.perf_counter() - start
+    log.info("%s: profiled in %.1f ms", stored.arch, seconds * 1e3)
+    return PreparedModel(
+        stored, manifest, net, transform, freeze, classes, prof, profile_to_spec(prof), seconds
+    )
+
+
+def decide_split(
+    prof: hapi_models.ModelProfile,
+    manifest: DatasetManifest,
+    batch_size: int,
+    bandwidth: float | None,
+    freeze: int,
+    output_dtype: OutputDtype,
+    split: SplitChoice | str,
+) -> SplitDecision:
+    """The split for ``split`` = ``"auto"`` (thesis Algorithm 2 on ``bandwidth``), ``"freeze"``
+    or an index in ``[0, freeze]``."""
+    if split == "freeze":
+        return SplitDecision(freeze, "forced to the freeze index", 0.0, 0.0, 0.0, ())
+    if isinstance(split, int) and not isinstance(split, bool):
+        if not 0 <= split <= freeze:
+            raise ConfigurationError(f"split index {split} must be in [0, freeze index {freeze}]")
+        return SplitDecision(split, "forced by the caller", 0.0, 0.0, 0.0, ())
+    if split != "auto":
+        raise ConfigurationError(f"split must be 'auto', 'freeze' or an index, got {split!r}")
+    if bandwidth is None:
+        raise ConfigurationError("split='auto' needs a bandwidth estimate (probe Swift first)")
+    width = 4 if output_dtype == OutputDtype.FLOAT32 else 2
+    return choose_split_index(
+        prof,
+        manifest.mean_shard_bytes_per_sample,
+        batch_size,
+        bandwidth,
+        freeze,
+        wire_bytes_per_element=width,
+    )

@@ -1,0 +1,214 @@
+"""Shard loaders: shard index -> decoded inputs (raw streaming) or split-layer features (HAPI).
+
+A loader returns a shard's samples in stored order; the epoch pipeline permutes and batches them.
+With verification on, a HAPI loader recomputes some returned samples locally and fails loudly on
+a mismatch, so that a faulty or hostile storage-side server cannot silently poison training.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import hapi_models
+import torch
+
+from hapi_contract import (
+    Compression,
+    DatasetManifest,
+    ExtractRequest,
+    OutputDtype,
+    ProfileSpec,
+    TransformSpec,
+    read_shard,
+)
+
+from .errors import ConfigurationError, VerificationError
+from .feature_cache import CachedFeatures, FeatureCache
+from .model_store import StoredModel
+from .pipeline import LoadedShard, ShardLoader
+
+if TYPE_CHECKING:
+    from .client import HapiClient
+
+__all__ = ["PushdownVerifier", "hapi_loader", "make_shard_loader", "raw_loader"]
+
+log = logging.getLogger(__name__)
+
+#: Largest deviation accepted per sample, relative to the sample's largest activation: float32
+#: differs only by summation order (thread counts, another device: ~1e-5; TF32 on a GPU server
+#: ~1e-3); float16 rounds to 2^-11 and bfloat16 to 2^-8 of each value.
+VERIFY_TOLERANCE: dict[OutputDtype, float] = {
+    OutputDtype.FLOAT32: 5e-3,
+    OutputDtype.FLOAT16: 1e-2,
+    OutputDtype.BFLOAT16: 3e-2,
+}
+
+
+def raw_loader(
+    client: HapiClient,
+    manifest: DatasetManifest,
+    container: str,
+    transform: hapi_models.InputTransform,
+) -> ShardLoader:
+    """BASELINE (and split 0): download the stored shard and decode it locally."""
+
+    def load(k: int) -> LoadedShard:
+        info = manifest.shards[k]
+        data, _ = client.swift.get(container, info.name)
+        samples = read_shard(data)
+        x = transform.decode_batch([s.image_bytes for s in samples])
+        y = torch.tensor([s.label for s in samples], dtype=torch.int64)
+        return LoadedShard(x, y, len(data), 1)
+
+    return load
+
+
+@dataclass
+class PushdownVerifier:
+    """Recomputes ``samples`` returned samples of a ``fraction`` of the shards locally.
+
+    Which shards and samples are drawn from ``seed``, so the server cannot know which answers
+    are checked. A checked shard is downloaded raw (its stored bytes: the cost of checking) and
+    the chosen samples run through the local copy of layers ``[0, split)``.
+    """
+
+    client: HapiClient
+    net: hapi_models.SplittableModel
+    transform: hapi_models.InputTransform
+    fraction: float
+    samples: int = 4
+    seed: int = 0
+    checked_shards: int = 0
+    checked_samples: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.fraction <= 1.0 or math.isnan(self.fraction):
+            raise ConfigurationError(f"verify fraction must be in [0, 1], got {self.fraction}")
+        if self.samples < 1:
+            raise ConfigurationError(f"verify samples must be >= 1, got {self.samples}")
+
+    def check(
+        self,
+        container: str,
+        shard_name: str,
+        split: int,
+        dtype: OutputDtype,
+        loaded: LoadedShard,
+    ) -> None:
+        rng = random.Random(f"{self.seed}/{container}/{shard_name}/{split}")
+        if self.fraction == 0.0 or rng.random() >= self.fraction:
+            return
+        data, _ = self.client.swift.get(container, shard_name, observe=False)
+        stored = read_shard(data)
+        picks = sorted(rng.sample(range(len(stored)), min(self.samples, len(stored))))
+        labels = torch.tensor([stored[i].label for i in picks], dtype=torch.int64)
+        if not torch.equal(loaded.labels[picks].cpu(), labels):
+            raise VerificationError(
+                f"{container}/{shard_name}: the server's labels differ from the stored ones "
+                f"(samples {picks})"
+            )
+        x = self.transform.decode_batch([stored[i].image_bytes for i in picks])
+        device = next(self.net.parameters()).device
+        with torch.inference_mode():
+            expected = self.net.head(split)(x.to(device)).float().cpu()
+        got = loaded.inputs[picks].float().cpu()
+        tolerance = VERIFY_TOLERANCE[dtype]
+        for j, i in enumerate(picks):
+            scale = float(expected[j].abs().max()) or 1.0
+            worst = float((got[j] - expected[j]).abs().max())
+            if not worst <= tolerance * scale:  # `not <=` also catches NaN
+                raise VerificationError(
+                    f"{container}/{shard_name} sample {i}: the server's split-{split} features "
+                    f"differ from the local computation by {worst:.3g} (largest activation "
+                    f"{scale:.3g}; {dtype.value} allows {tolerance:g} of it). The storage-side "
+                    "server is faulty or not to be trusted"
+                )
+        self.checked_shards += 1
+        self.checked_samples += len(picks)
+        log.info("verified %d samples of %s/%s", len(picks), container, shard_name)
+
+
+def hapi_loader(
+    client: HapiClient,
+    manifest: DatasetManifest,
+    container: str,
+    stored: StoredModel,
+    split: int,
+    transform: hapi_models.InputTransform,
+    profile_spec: ProfileSpec | None,
+    b_max: int,
+    dtype: OutputDtype,
+    compression: Compression,
+    cache: FeatureCache | None,
+    verifier: PushdownVerifier | None = None,
+) -> ShardLoader:
+    """HAPI: the server runs layers ``[0, split)`` next to Swift and returns the features."""
+    spec = TransformSpec.from_transform(transform)
+    transform_key = spec.model_dump_json()
+
+    def load(k: int) -> LoadedShard:
+        info = manifest.shards[k]
+        key = FeatureCache.key(info.etag, stored.sha256, split, transform_key, dtype.value)
+        if cache is not None:
+            hit = cache.get(key)
+            if hit is not None:
+                return LoadedShard(hit.features, hit.labels, 0, 0)
+        req = ExtractRequest(
+            container=container,
+            shard=info.name,
+            model=stored.ref(),
+            split_index=split,
+            transform=spec,
+            b_max=b_max,
+            profile=profile_spec,
+            output_dtype=dtype,
+            compression=compression,
+        )
+        got = client.transport.extract(req, num_samples=info.samples)
+        feats = got.features if got.features.dtype == torch.float32 else got.features.float()
+        loaded = LoadedShard(feats, got.labels, got.wire_bytes, got.attempts)
+        if verifier is not None:
+            verifier.check(container, info.name, split, dtype, loaded)
+        if cache is not None:  # only what passed verification is kept
+            cache.put(key, CachedFeatures(feats, got.labels))
+        return loaded
+
+    return load
+
+
+def make_shard_loader(
+    client: HapiClient,
+    manifest: DatasetManifest,
+    container: str,
+    *,
+    split: int,
+    transform: hapi_models.InputTransform,
+    stored: StoredModel | None = None,
+    profile_spec: ProfileSpec | None = None,
+    b_max: int = 1000,
+    output_dtype: OutputDtype = OutputDtype.FLOAT32,
+    compression: Compression = Compression.NONE,
+    cache: FeatureCache | None = None,
+    verifier: PushdownVerifier | None = None,
+) -> ShardLoader:
+    """Split 0 (or no ``stored`` model): raw shards decoded locally; else HAPI features."""
+    if split == 0 or stored is None:
+        return raw_loader(client, manifest, container, transform)
+    return hapi_loader(
+        client,
+        manifest,
+        container,
+        stored,
+        split,
+        transform,
+        profile_spec,
+        b_max,
+        output_dtype,
+        compression,
+        cache,
+        verifier,
+    )

@@ -1,8 +1,8 @@
 """Request and response schemas shared by the HAPI server and client.
 
 Every model forbids unknown fields and refuses silent coercions (``"5"`` is not an int, ``True``
-is not a count), so a typo in a client surfaces as a 422 naming the field instead of a default
-quietly taking its place. Models are frozen value objects; build a changed copy with
+is not a count; ``5.0`` is, as in JSON Schema), so a typo in a client surfaces as a 422 naming
+the field instead of a default quietly taking its place. Models are frozen value objects; build a changed copy with
 ``model_copy(update=...)``.
 
 Every rule that JSON Schema can state is a schema constraint (lengths, bounds, patterns, unique
@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
@@ -180,13 +181,26 @@ ObjectName = Annotated[
 """A Swift object name: 1..1024 UTF-8 bytes, no leading '/', no control characters, and no
 '.' or '..' segment between its slashes."""
 
+
+def _integral_number(value: Any) -> Any:
+    # JSON Schema counts 3.0 as an integer (it is the same number as 3), and so do JSON
+    # generators; a float with a fraction, a string or a bool is still refused by StrictInt.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+_INTEGRAL = BeforeValidator(_integral_number)
+"""Makes a StrictInt a JSON integer: ``3`` or ``3.0``, never ``3.5``, ``"3"`` or ``true``. It goes
+after the Field constraints, so that they stay ``minimum``/``maximum`` in the JSON schema."""
+
 _Finite = Annotated[StrictFloat, Field(allow_inf_nan=False)]
 _PositiveFinite = Annotated[StrictFloat, Field(gt=0, allow_inf_nan=False)]
 _NonNegativeFinite = Annotated[StrictFloat, Field(ge=0, allow_inf_nan=False)]
-_Size = Annotated[StrictInt, Field(ge=1, le=_MAX_BATCH)]
-_ImageSide = Annotated[StrictInt, Field(ge=8, le=1024)]
-_Bytes = Annotated[StrictInt, Field(ge=0)]
-_LayerIndex = Annotated[StrictInt, Field(ge=0, le=_MAX_LAYERS)]
+_Size = Annotated[StrictInt, Field(ge=1, le=_MAX_BATCH), _INTEGRAL]
+_ImageSide = Annotated[StrictInt, Field(ge=8, le=1024), _INTEGRAL]
+_Bytes = Annotated[StrictInt, Field(ge=0), _INTEGRAL]
+_LayerIndex = Annotated[StrictInt, Field(ge=0, le=_MAX_LAYERS), _INTEGRAL]
 
 
 class OutputDtype(StrEnum):
@@ -221,7 +235,7 @@ class ModelRef(_Model):
         description="a registry architecture; `GET /v1/models` lists those the server has (422 "
         "for another)"
     )
-    num_classes: Annotated[StrictInt, Field(ge=1, le=100_000)]
+    num_classes: Annotated[StrictInt, Field(ge=1, le=100_000), _INTEGRAL]
     weights: WeightsRef | None = Field(
         None,
         description="the weights to load; the server's endpoints require them (422 without), so "
@@ -273,9 +287,9 @@ class ProfileSpec(_Model):
     """
 
     input_shape: tuple[
-        Annotated[StrictInt, Field(ge=1, le=4096)],
-        Annotated[StrictInt, Field(ge=1, le=65536)],
-        Annotated[StrictInt, Field(ge=1, le=65536)],
+        Annotated[StrictInt, Field(ge=1, le=4096), _INTEGRAL],
+        Annotated[StrictInt, Field(ge=1, le=65536), _INTEGRAL],
+        Annotated[StrictInt, Field(ge=1, le=65536), _INTEGRAL],
     ]
     output_bytes_per_sample: Annotated[list[_Bytes], Field(min_length=1, max_length=_MAX_LAYERS)]
     activation_bytes_per_sample: Annotated[
@@ -355,15 +369,15 @@ class FinetuneRequest(_Model):
         list[ObjectName], Field(max_length=_MAX_SHARDS, json_schema_extra={"uniqueItems": True})
     ] = Field(default_factory=list)
     model: ModelRef
-    target_classes: Annotated[StrictInt, Field(ge=1, le=100_000)] | None = Field(
+    target_classes: Annotated[StrictInt, Field(ge=1, le=100_000), _INTEGRAL] | None = Field(
         None, description="replace the classifier with a new one of this many classes (seeded)"
     )
     freeze_index: _LayerIndex
     transform: TransformSpec
     batch_size: _Size
-    epochs: Annotated[StrictInt, Field(ge=1, le=1000)]
+    epochs: Annotated[StrictInt, Field(ge=1, le=1000), _INTEGRAL]
     optimizer: OptimizerSpec
-    seed: Annotated[StrictInt, Field(ge=0, le=2**63 - 1)] = 0
+    seed: Annotated[StrictInt, Field(ge=0, le=2**63 - 1), _INTEGRAL] = 0
     b_max: _Size
     request_id: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9._:-]{1,128}$")] | None = None
 
@@ -397,7 +411,7 @@ class ModelInfo(_Model):
     """One entry of ``GET /v1/models``."""
 
     name: Annotated[StrictStr, Field(pattern=r"^[a-z0-9_]+$")]
-    num_layers: Annotated[StrictInt, Field(ge=1, le=_MAX_LAYERS)]
+    num_layers: Annotated[StrictInt, Field(ge=1, le=_MAX_LAYERS), _INTEGRAL]
     default_freeze_index: _LayerIndex
     layer_names: list[StrictStr]
     transform: TransformSpec

@@ -25,9 +25,10 @@ from hapi_contract import (
     TransformSpec,
 )
 
-from . import extraction, finetune
+from . import extraction, finetune, route_docs
 from .body_limit import BodyLimitMiddleware
 from .errors import HapiServerError
+from .route_docs import Health
 from .settings import ServerSettings, get_settings
 from .state import ServerState
 from .swift_io import Caller, parse_caller
@@ -72,8 +73,16 @@ def state_of(request: Request) -> ServerState:
 
 def caller_of(
     request: Request,
-    x_auth_token: Annotated[str | None, Header()] = None,
-    x_storage_url: Annotated[str | None, Header()] = None,
+    x_auth_token: Annotated[
+        str | None, Header(description="the caller's Swift token (401 without it)")
+    ] = None,
+    x_storage_url: Annotated[
+        str | None,
+        Header(
+            description="the caller's Swift storage URL, `HAPI_SWIFT_URL/v1/<account>` "
+            "(422 without it or for another host)"
+        ),
+    ] = None,
 ) -> Caller:
     """The caller's Swift identity, from the headers; the server holds none of its own."""
     return parse_caller(x_auth_token, x_storage_url, state_of(request).settings.swift_url)
@@ -134,12 +143,12 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             errors=[{"loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in errors[:20]],
         )
 
+    # Routes whose success is not JSON name a response class without a media type, so that
+    # FastAPI files their ErrorBody answers under application/json (see route_docs).
     @app.post(
         f"{API_PREFIX}/extract",
         response_class=StreamingResponse,
-        responses={
-            200: {"content": {CONTENT_TYPE_FRAMES: {}}, "description": "framed feature stream"}
-        },
+        responses=route_docs.extract_responses(),
     )
     async def extract(req: ExtractRequest, state: State, caller: CallerDep) -> StreamingResponse:
         """Run layers ``[0, split_index)`` over one shard and stream the features."""
@@ -158,7 +167,9 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         )
 
     @app.post(
-        f"{API_PREFIX}/finetune", responses={200: {"content": {"application/octet-stream": {}}}}
+        f"{API_PREFIX}/finetune",
+        response_class=Response,
+        responses=route_docs.finetune_responses(),
     )
     async def finetune_route(req: FinetuneRequest, state: State, caller: CallerDep) -> Response:
         """ALL_IN_COS: fine-tune on the server; the body is the trained weights (safetensors)."""
@@ -172,7 +183,11 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             },
         )
 
-    @app.get(f"{API_PREFIX}/models", response_model=list[ModelInfo])
+    @app.get(
+        f"{API_PREFIX}/models",
+        response_model=list[ModelInfo],
+        responses=route_docs.models_responses(),
+    )
     async def models() -> list[ModelInfo]:
         out = []
         for name in hapi_models.list_models():
@@ -193,7 +208,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             )
         return out
 
-    @app.get("/healthz")
+    @app.get("/healthz", response_model=Health, responses=route_docs.health_responses())
     async def healthz(state: State) -> JSONResponse:
         swift_ok = await state.swift.healthy()
         body = {
@@ -213,7 +228,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         }
         return JSONResponse(body, status_code=200 if swift_ok else 503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response, responses=route_docs.metrics_responses())
     async def metrics(state: State) -> Response:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 

@@ -167,7 +167,9 @@ def test_models_are_frozen() -> None:
         ("model.weights.object", "", "at least 1 character"),
         ("model.weights.container", "m/n", "must not contain '/'"),
         ("split_index", -1, "greater than or equal to 0"),
-        ("split_index", 2.0, "valid integer"),
+        ("split_index", 2.5, "valid integer"),
+        ("split_index", 2.0, None),  # allowed: JSON Schema's integer 2.0 is the number 2
+        ("split_index", "2", "valid integer"),
         ("split_index", 4, "split_index (4) exceeds the number of profiled layers (3)"),
         ("b_max", 0, "greater than or equal to 1"),
         ("b_max", 100_001, "less than or equal to 100000"),
@@ -397,3 +399,27 @@ def test_name_rules_are_in_the_json_schema() -> None:
         assert re.fullmatch(OBJECT_NAME_PATTERN, name) is None, name
     for name in [".hidden", "...", "a//b", "a/"]:
         assert re.fullmatch(OBJECT_NAME_PATTERN, name), name
+
+
+def _keys(node: Any) -> set[str]:
+    if isinstance(node, dict):
+        return set(node) | {k for v in node.values() for k in _keys(v)}
+    if isinstance(node, list):
+        return {k for v in node for k in _keys(v)}
+    return set()
+
+
+@pytest.mark.parametrize("model", [ExtractRequest, FinetuneRequest, ModelInfo])
+def test_json_schema_uses_only_json_schema_constraints(model: type[BaseModel]) -> None:
+    """Bounds are ``minimum``/``maximum`` (what schema tools read), not pydantic's ``ge``/``le``
+    leaking through when a validator wraps the constraints."""
+    keys = _keys(model.model_json_schema())
+    assert not keys & {"ge", "le", "gt", "lt", "allow_inf_nan"}, keys
+    assert {"minimum", "maximum"} <= keys
+
+
+def test_integral_floats_are_integers_but_strings_and_bools_are_not() -> None:
+    req = FinetuneRequest.model_validate(_with(FINETUNE, "epochs", 3.0))
+    assert req.epochs == 3 and type(req.epochs) is int
+    for bad in (3.5, "3", True):
+        assert "valid integer" in _errors(FinetuneRequest, _with(FINETUNE, "epochs", bad))

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -171,6 +171,9 @@ class FeatureDataset(IterableDataset[Batch]):
         self.mode = mode
         self.seed = seed
         self.shuffle = shuffle
+        # With the rank read from torch.distributed, rank 0's split choice is every rank's (the
+        # measured bandwidths differ) and decided collectively: construct and iterate on all.
+        self._collective = rank is None and world_size is None and _distributed()
         self.rank, self.world_size = _rank_and_world(rank, world_size)
         self.prepared = prepared or prepare_model(
             client,
@@ -366,6 +369,11 @@ class FeatureDataset(IterableDataset[Batch]):
 
     def _decide(self) -> SplitDecision:
         choice = self._split_choice
+        if choice == "auto" and self._collective and self.world_size > 1:
+            return self._agree(lambda: self._decide_here(choice))
+        return self._decide_here(choice)
+
+    def _decide_here(self, choice: SplitChoice) -> SplitDecision:
         bandwidth = self.client.bandwidth.bytes_per_s
         if choice == "auto" and bandwidth is None:
             self.client.swift.probe(self.container, self.manifest.shards[0].name)
@@ -380,13 +388,34 @@ class FeatureDataset(IterableDataset[Batch]):
             choice,
         )
 
+    def _agree(self, decide: Callable[[], SplitDecision]) -> SplitDecision:
+        """Rank 0's decision, broadcast (as a tensor: nothing is pickled) to every rank."""
+        dist = torch.distributed
+        decision = decide() if self.rank == 0 else None
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        index = torch.tensor([decision.split_index if decision else -1], device=device)
+        dist.broadcast(index, src=0)
+        if decision is not None:
+            return decision
+        return SplitDecision(int(index[0]), "rank 0's choice", 0.0, 0.0, 0.0, ())
+
     def _maybe_resplit(self) -> None:
+        if self._split_choice != "auto":
+            return
+        if self._collective and self.world_size > 1:  # every rank takes part, rank 0 decides
+            new = self._agree(self._resplit_here)
+        else:
+            new = self._resplit_here()
+        self._adopt(new)
+
+    def _resplit_here(self) -> SplitDecision:
         bandwidth = self.client.bandwidth.bytes_per_s
-        if self._split_choice != "auto" or bandwidth is None:
-            return
-        if not self.client.bandwidth.drifted(self.decision.budget_bytes):
-            return
-        new = self._decide()
+        if bandwidth is None or not self.client.bandwidth.drifted(self.decision.budget_bytes):
+            return self.decision
+        return self._decide_here("auto")
+
+    def _adopt(self, new: SplitDecision) -> None:
+        bandwidth = self.client.bandwidth.bytes_per_s or 0.0
         if new.split_index != self.split_index:
             log.info(
                 "bandwidth drifted to %.1f Mbit/s: split %d -> %d",
@@ -408,9 +437,13 @@ class FeatureDataset(IterableDataset[Batch]):
         )
 
 
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
 def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     if rank is None and world_size is None:
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
+        if _distributed():
             return torch.distributed.get_rank(), torch.distributed.get_world_size()
         return 0, 1
     if rank is None or world_size is None:

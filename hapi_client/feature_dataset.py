@@ -376,8 +376,9 @@ class FeatureDataset(IterableDataset[Batch]):
     def _decide_here(self, choice: SplitChoice) -> SplitDecision:
         bandwidth = self.client.bandwidth.bytes_per_s
         if choice == "auto" and bandwidth is None:
-            self.client.swift.probe(self.container, self.manifest.shards[0].name)
-            bandwidth = self.client.bandwidth.bytes_per_s
+            probed = self.client.swift.probe(self.container, self.manifest.shards[0].name)
+            # A shard too small to time on its own does not move the moving estimate yet.
+            bandwidth = self.client.bandwidth.bytes_per_s or probed
         return decide_split(
             self.prepared.profile,
             self.manifest,

@@ -41,6 +41,7 @@ __all__ = [
     "API_PREFIX",
     "CONTAINER_NAME_PATTERN",
     "CONTENT_TYPE_FRAMES",
+    "DOT_SEGMENT_ERROR",
     "HEADER_AUTH_TOKEN",
     "HEADER_STORAGE_URL",
     "MAX_CONTAINER_NAME_BYTES",
@@ -111,15 +112,20 @@ send them unchanged.
 """
 
 
-def _name_problem(value: str, *, what: str) -> str:
-    """Why ``value`` does not match its name pattern, in words (the pattern itself is opaque)."""
+DOT_SEGMENT_ERROR = "swift_name_dot_segment"
+"""The pydantic error type of a name with a ``.`` or ``..`` segment (the server's code for it is
+``invalid_name``, as the Swift filter's); other name errors have the type ``swift_name``."""
+
+
+def _name_problem(value: str, *, what: str) -> tuple[str, str]:
+    """Which rule ``value`` breaks, as (error type, words): the pattern itself is opaque."""
     if _CONTROL_CHARS.search(value):
-        return f"{what} name must not contain control characters"
+        return "swift_name", f"{what} name must not contain control characters"
     if what == "container" and "/" in value:
-        return "container name must not contain '/'"
+        return "swift_name", "container name must not contain '/'"
     if value.startswith("/"):
-        return f"{what} name must not start with '/'"
-    return (
+        return "swift_name", f"{what} name must not start with '/'"
+    return DOT_SEGMENT_ERROR, (
         f"{what} name must not have a '.' or '..' path segment "
         "(HTTP clients would remove it, and another object would be read)"
     )
@@ -133,9 +139,8 @@ def _swift_name_validator(*, what: str, limit: int) -> WrapValidator:
             if isinstance(value, str) and any(
                 e["type"] == "string_pattern_mismatch" for e in exc.errors()
             ):
-                raise PydanticCustomError(
-                    "swift_name", "{problem}", {"problem": _name_problem(value, what=what)}
-                ) from None
+                kind, problem = _name_problem(value, what=what)
+                raise PydanticCustomError(kind, "{problem}", {"problem": problem}) from None
             raise
         # The one rule JSON Schema cannot state (it counts characters): Swift's limit is bytes.
         size = len(name.encode("utf-8"))

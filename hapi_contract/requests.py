@@ -41,7 +41,6 @@ __all__ = [
     "API_PREFIX",
     "CONTAINER_NAME_PATTERN",
     "CONTENT_TYPE_FRAMES",
-    "DOT_SEGMENT_ERROR",
     "HEADER_AUTH_TOKEN",
     "HEADER_STORAGE_URL",
     "MAX_CONTAINER_NAME_BYTES",
@@ -112,11 +111,6 @@ send them unchanged.
 """
 
 
-DOT_SEGMENT_ERROR = "swift_name_dot_segment"
-"""The pydantic error type of a name with a ``.`` or ``..`` segment (the server's code for it is
-``invalid_name``, as the Swift filter's); other name errors have the type ``swift_name``."""
-
-
 def _name_problem(value: str, *, what: str) -> tuple[str, str]:
     """Which rule ``value`` breaks, as (error type, words): the pattern itself is opaque."""
     if _CONTROL_CHARS.search(value):
@@ -125,7 +119,7 @@ def _name_problem(value: str, *, what: str) -> tuple[str, str]:
         return "swift_name", "container name must not contain '/'"
     if value.startswith("/"):
         return "swift_name", f"{what} name must not start with '/'"
-    return DOT_SEGMENT_ERROR, (
+    return "swift_name_dot_segment", (
         f"{what} name must not have a '.' or '..' path segment "
         "(HTTP clients would remove it, and another object would be read)"
     )

@@ -19,7 +19,6 @@ from starlette.types import Receive, Scope, Send
 from hapi_contract import (
     API_PREFIX,
     CONTENT_TYPE_FRAMES,
-    DOT_SEGMENT_ERROR,
     ExtractRequest,
     FinetuneRequest,
     ModelInfo,
@@ -137,12 +136,9 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         parts = [
             f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in errors[:5]
         ]
-        # A dot-segment name gets the code the Swift filter and the server's own name check
-        # give it, so the same fault reads the same whichever of them catches it.
-        dot_segments = bool(errors) and all(e.get("type") == DOT_SEGMENT_ERROR for e in errors)
         return _error(
             422,
-            "invalid_name" if dot_segments else "invalid_request",
+            "invalid_request",
             "; ".join(parts) or "invalid request",
             errors=[{"loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in errors[:20]],
         )

@@ -1,7 +1,7 @@
 """Names: the object a request names is the object the server reads, byte for byte.
 
 A ``.`` or ``..`` segment would be removed by the HTTP client on the way to Swift, so such names
-are refused at validation (422 ``invalid_name``). Every other name reaches Swift as written, so
+are refused at validation (a 422 schema error, ``invalid_request``). Every other name reaches Swift as written, so
 names that differ only in ways Swift does not normalise (``a//b`` and ``a/b``; NFC and NFD) are
 distinct objects, which is why ``/v1/finetune``'s duplicate-shard check compares them as strings.
 """
@@ -67,7 +67,7 @@ def test_extract_refuses_dot_segments(
         headers=dataset.headers(),
         timeout=60,
     )
-    body = assert_error(resp, 422, "invalid_name")
+    body = assert_error(resp, 422, "invalid_request")
     assert "'.' or '..' path segment" in body.detail
 
 
@@ -89,7 +89,8 @@ def test_finetune_refuses_dot_segments(
         headers=dataset.headers(),
         timeout=60,
     )
-    assert_error(resp, 422, "invalid_name")
+    body = assert_error(resp, 422, "invalid_request")
+    assert "'.' or '..' path segment" in body.detail
 
 
 NFC = unicodedata.normalize("NFC", "names/café.tar")

@@ -364,7 +364,7 @@ def _remove_dot_segments(path: str) -> str:
     return "/".join(out)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400, deadline=None, database=None)
 @given(st.text(alphabet=st.sampled_from(["a", "é", ".", "/", "\\", "%", " "]), max_size=12))
 def test_an_accepted_object_name_reaches_swift_unchanged(name: str) -> None:
     """Accepted iff a non-empty name without a leading '/' has no dot segment; and every

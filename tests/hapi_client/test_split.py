@@ -21,7 +21,10 @@ def test_alexnet_follows_table_5_3(alexnet_profile: hapi_models.ModelProfile) ->
         choose_split_index(alexnet_profile, JPEG, 1000, mbit * MBIT, 17).split_index
         for mbit in (50, 100, 500, 1000, 5000, 15000)
     ]
-    assert splits[0] == 17  # limited bandwidth: the freeze index
+    outs = [layer.output_bytes_per_sample for layer in alexnet_profile.layers]
+    # Limited bandwidth: where the least is shipped (split 16, the earlier of the two 16 KB
+    # outputs up to the freeze index), not the freeze index Algorithm 2 falls back to.
+    assert splits[0] == 16 and outs[15] == min(outs[:17]) < outs[14]
     assert all(s <= 17 for s in splits)
     assert splits == sorted(splits, reverse=True)  # earlier splits as bandwidth grows
     assert splits[-1] < 17
@@ -44,6 +47,17 @@ def test_earliest_candidate_below_budget(alexnet_profile: hapi_models.ModelProfi
     first = next(s for s in range(1, 18) if outs[s - 1] < JPEG)
     assert d.split_index == first
     assert d.output_bytes_per_batch == outs[first - 1] * 100
+
+
+def test_fallback_ships_the_least_not_the_freeze_index() -> None:
+    """The issue's case: ResNet18-like sizes where the freeze layer ships more than an earlier one."""
+    prof = hapi_models.profile(hapi_models.get_model("efficientnet_lite0", num_classes=10))
+    outs = [layer.output_bytes_per_sample for layer in prof.layers]
+    freeze = 13
+    d = choose_split_index(prof, 10 * max(outs), 50, 1.0, freeze)  # 1 byte/s: nothing fits
+    best = min(range(1, freeze + 1), key=lambda s: (outs[s - 1], s))
+    assert d.split_index == best and outs[best - 1] < outs[freeze - 1]
+    assert d.output_bytes_per_batch == outs[best - 1] * 50 and "least is shipped" in d.reason
 
 
 def test_tiny_stored_images_push_nothing_down() -> None:

@@ -1,22 +1,26 @@
-"""The HAPI wire contract: request schemas, the framed tensor stream and the dataset format.
+"""The HAPI wire contract: paths and headers, request and response schemas, the dataset format.
 
-The server and the client import this package and nothing of each other. It depends on
-pydantic, numpy, torch and zstandard only (no FastAPI, no httpx).
+The server, the client and the Swift proxy filter import this package and nothing of each
+other. Its top level needs the standard library and pydantic only; the two parts that compute
+with tensors are submodules, imported explicitly by who needs them (and they import torch):
+
+* :mod:`hapi_contract.frames`: the framed tensor stream codec (the layout: ``docs/frames.md``);
+* :mod:`hapi_contract.epochs`: the order in which an epoch visits samples.
 """
 
-from . import dataset, epochs, errors, frames, profile, requests
+from . import dataset, errors, http, profile, requests, responses
 from .dataset import *  # noqa: F403
-from .epochs import *  # noqa: F403
 from .errors import *  # noqa: F403
-from .frames import *  # noqa: F403
+from .http import *  # noqa: F403
 from .profile import *  # noqa: F403
 from .requests import *  # noqa: F403
+from .responses import *  # noqa: F403
 
 __all__ = [
     *dataset.__all__,
-    *epochs.__all__,
     *errors.__all__,
-    *frames.__all__,
+    *http.__all__,
     *profile.__all__,
     *requests.__all__,
+    *responses.__all__,
 ]

@@ -22,7 +22,9 @@ class EpochPlan:
     shard_order: tuple[int, ...]
 
     def permutation(self, shard: int, n: int) -> torch.Tensor:
-        g = torch.Generator().manual_seed((self.seed * 1_000_003 + self.epoch * 7_919 + shard) & _MASK)
+        g = torch.Generator().manual_seed(
+            (self.seed * 1_000_003 + self.epoch * 7_919 + shard) & _MASK
+        )
         return torch.randperm(n, generator=g)
 
     def sample_order(self, shard_sizes: list[int]) -> list[tuple[int, int]]:

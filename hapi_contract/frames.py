@@ -3,47 +3,10 @@
 A response body (media type ``application/x-hapi-frames``) is a sequence of frames. HTTP chunk
 boundaries mean nothing; a reader re-frames the bytes with :class:`FrameDecoder`.
 
-Frame layout, byte for byte::
-
-    offset  size  field
-    0       4     magic, the ASCII bytes b"HAPI"
-    4       1     format version, unsigned; this module writes and reads 1
-    5       4     H = header length in bytes, unsigned 32-bit big-endian
-    9       H     header: a UTF-8 JSON object (below)
-    9 + H   P     payload; P follows from the header (0 for "end" and "error")
-
-Header of a ``batch`` frame (one COS batch of samples)::
-
-    {"kind": "batch",
-     "offset": 4000,                        index of the first sample in the shard
-     "count": 32,                           samples in this frame, >= 1
-     "features": {"shape": [32, 256, 13, 13],   shape[0] == count, 1..8 dims, each >= 1
-                  "dtype": "float32",           "float32" | "float16" | "bfloat16"
-                  "codec": "none",              "none" | "zstd"
-                  "nbytes": 5537792,            prod(shape) * itemsize, before compression
-                  "wire_nbytes": 5537792,       bytes in the payload (== nbytes for "none")
-                  "crc32": 305419896},          zlib CRC-32 of those wire bytes
-     "labels": {"shape": [32], "dtype": "int64", "nbytes": 256, "crc32": 19088743},
-     "meta": {"cos_batch_size": 32, "server_ms": 12.5}}   free JSON object, may be empty
-
-    P = features.wire_nbytes + labels.nbytes; the payload is the feature bytes, then the label
-    bytes. Tensors are C-contiguous and little-endian. float16 is IEEE binary16; bfloat16 travels
-    as its raw 2-byte pattern (the upper half of the float32), since numpy has no bfloat16.
-    With codec "zstd" the feature bytes are one zstd frame (content size recorded) whose
-    decompressed length is features.nbytes. Labels are never compressed.
-
-Header of the ``end`` frame, which must close every stream::
-
-    {"kind": "end",
-     "totals": {"samples": 1000,            sum of batch "count"
-                "frames": 32,               number of batch frames
-                "payload_bytes": 5000000},  sum of batch payload lengths P
-     "meta": {...}}                         free JSON object (server times, COS batch sizes)
-
-Header of an ``error`` frame, sent instead of ``end`` when the server fails after the HTTP
-status line went out::
-
-    {"kind": "error", "status": 500, "detail": "CUDA out of memory"}
+Every frame is ``b"HAPI"``, a version byte (1), a big-endian 32-bit header length, a UTF-8 JSON
+header (``kind`` ``batch``, ``end`` or ``error``) and, for a batch, the feature then label bytes
+(little-endian). The byte layout, precise enough to write a reader in another language, with a
+worked example that the tests decode, is ``docs/frames.md``.
 
 Unknown header keys, kinds, dtypes and codecs are errors, not extensions: a change of format
 gets a new version byte. Nothing here ever unpickles.
@@ -570,7 +533,7 @@ class FrameDecoder:
                 if self._filled == len(self._payload_view):
                     frames.append(self._finish_batch())
                 continue
-            need = (_PREFIX_LEN if self._header_len is None else _PREFIX_LEN + self._header_len)
+            need = _PREFIX_LEN if self._header_len is None else _PREFIX_LEN + self._header_len
             take = min(need - len(self._head), size - pos)
             self._head += data[pos : pos + take]
             pos += take

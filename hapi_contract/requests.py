@@ -38,20 +38,14 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 __all__ = [
-    "API_PREFIX",
     "CONTAINER_NAME_PATTERN",
-    "CONTENT_TYPE_FRAMES",
-    "HEADER_AUTH_TOKEN",
-    "HEADER_STORAGE_URL",
     "MAX_CONTAINER_NAME_BYTES",
     "MAX_OBJECT_NAME_BYTES",
     "OBJECT_NAME_PATTERN",
     "Compression",
     "ContainerName",
-    "ErrorBody",
     "ExtractRequest",
     "FinetuneRequest",
-    "ModelInfo",
     "ModelRef",
     "ObjectName",
     "OptimizerSpec",
@@ -60,18 +54,6 @@ __all__ = [
     "TransformSpec",
     "WeightsRef",
 ]
-
-API_PREFIX = "/v1"
-"""Path prefix of every HAPI endpoint."""
-
-CONTENT_TYPE_FRAMES = "application/x-hapi-frames"
-"""Media type of a framed tensor stream (see ``hapi_contract.frames``)."""
-
-HEADER_AUTH_TOKEN = "X-Auth-Token"
-"""The caller's Swift token; the server reads Swift as the caller with it."""
-
-HEADER_STORAGE_URL = "X-Storage-Url"
-"""The caller's Swift storage URL (account endpoint) that the token is valid for."""
 
 MAX_CONTAINER_NAME_BYTES = 256
 MAX_OBJECT_NAME_BYTES = 1024
@@ -245,8 +227,12 @@ class ModelRef(_Model):
 class TransformSpec(_Model):
     """The input transform: resize the short side, centre-crop, scale to [0, 1], normalise.
 
-    ``crop`` must not exceed ``resize`` (422 otherwise).
+    ``crop`` must not exceed ``resize`` (422 otherwise). Validates from the attributes of any
+    object (``TransformSpec.model_validate(transform)`` of a ``hapi_models.InputTransform``,
+    or that object as a request's ``transform``), so no side maps the fields by hand.
     """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, from_attributes=True)
 
     resize: _ImageSide
     crop: _ImageSide
@@ -259,22 +245,6 @@ class TransformSpec(_Model):
         if self.crop > self.resize:
             raise ValueError(f"crop ({self.crop}) must not exceed resize ({self.resize})")
         return self
-
-    @classmethod
-    def from_transform(cls, transform: Any) -> TransformSpec:
-        """The spec of a ``hapi_models.InputTransform`` (duck-typed: no import of the zoo here)."""
-        return cls(
-            resize=transform.resize,
-            crop=transform.crop,
-            mean=tuple(transform.mean),
-            std=tuple(transform.std),
-        )
-
-    def to_transform(self) -> Any:
-        """The ``hapi_models.InputTransform`` this spec describes."""
-        from hapi_models import InputTransform
-
-        return InputTransform(resize=self.resize, crop=self.crop, mean=self.mean, std=self.std)
 
 
 class ProfileSpec(_Model):
@@ -344,7 +314,12 @@ class ExtractRequest(_Model):
 
 
 class OptimizerSpec(_Model):
-    """The optimizer of the ALL_IN_COS fine-tuning run."""
+    """The optimizer of the ALL_IN_COS fine-tuning run.
+
+    Validates from the attributes of any object, e.g. a ``hapi_models.OptimizerConfig``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, from_attributes=True)
 
     name: Literal["sgd", "adam", "adamw"] = "sgd"
     lr: Annotated[StrictFloat, Field(gt=0, le=10, allow_inf_nan=False)]
@@ -391,39 +366,4 @@ class FinetuneRequest(_Model):
             names: list[str] = getattr(self, field)
             if len(set(names)) != len(names):
                 raise ValueError(f"{field} lists the same shard more than once")
-        return self
-
-
-class ErrorBody(BaseModel):
-    """The JSON body of every 4xx/5xx answer: a human ``detail`` and a machine ``code``.
-
-    Extra keys (e.g. ``retry_after``, ``errors``) are allowed and kept.
-    """
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    detail: StrictStr
-    code: Annotated[StrictStr, Field(min_length=1, max_length=64)]
-
-
-class ModelInfo(_Model):
-    """One entry of ``GET /v1/models``."""
-
-    name: Annotated[StrictStr, Field(pattern=r"^[a-z0-9_]+$")]
-    num_layers: Annotated[StrictInt, Field(ge=1, le=_MAX_LAYERS), _INTEGRAL]
-    default_freeze_index: _LayerIndex
-    layer_names: list[StrictStr]
-    transform: TransformSpec
-
-    @model_validator(mode="after")
-    def _consistent(self) -> ModelInfo:
-        if len(self.layer_names) != self.num_layers:
-            raise ValueError(
-                f"layer_names has {len(self.layer_names)} entries, num_layers is {self.num_layers}"
-            )
-        if self.default_freeze_index > self.num_layers:
-            raise ValueError(
-                f"default_freeze_index ({self.default_freeze_index}) exceeds "
-                f"num_layers ({self.num_layers})"
-            )
         return self

@@ -16,19 +16,21 @@ import torch
 import zstandard
 
 from hapi_contract import (
-    MAGIC,
-    BatchFrame,
     Compression,
     CorruptFrameError,
-    EndFrame,
-    Frame,
-    FrameDecoder,
-    FrameEncoder,
     OutputDtype,
     OversizedFrameError,
     OversizedHeaderError,
     RemoteStreamError,
     TruncatedStreamError,
+)
+from hapi_contract.frames import (
+    MAGIC,
+    BatchFrame,
+    EndFrame,
+    Frame,
+    FrameDecoder,
+    FrameEncoder,
     aiter_frames,
     encode_batch,
     encode_end,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -10,7 +11,7 @@ from torch import Tensor
 
 from .errors import InputMismatchError
 
-__all__ = ["Inputs", "Matrix", "as_matrix", "finite_rows"]
+__all__ = ["Inputs", "Matrix", "all_finite", "as_matrix", "finite_rows"]
 
 #: What every rule and pre-aggregation step accepts: n tensors of one shape, or one stacked tensor
 #: whose first dimension is n.
@@ -23,12 +24,14 @@ class Matrix:
 
     ``data`` is at least float32 (half and bfloat16 are promoted: ``torch.cdist`` and the sums of
     squared distances lose too much in 16 bits) and may be a view of the caller's tensor, so rules
-    must never write into it.
+    must never write into it unless ``owned``: True when ``data`` is a tensor made here (a stack
+    of a list, a dtype promotion) that nobody else holds.
     """
 
     data: Tensor
     shape: torch.Size
     dtype: torch.dtype
+    owned: bool = False
 
     @property
     def n(self) -> int:
@@ -95,12 +98,23 @@ def as_matrix(inputs: Inputs, n: int | None = None) -> Matrix:
         raise InputMismatchError(f"inputs must be floating point, got {stacked.dtype}")
     element_shape = stacked.shape[1:]
     data = stacked.reshape(count, -1)
+    owned = stacked is not inputs
     work = _work_dtype(stacked.dtype)
     if data.dtype != work:
-        data = data.to(work)
-    return Matrix(data=data, shape=element_shape, dtype=stacked.dtype)
+        data, owned = data.to(work), True
+    return Matrix(data=data, shape=element_shape, dtype=stacked.dtype, owned=owned)
 
 
 def finite_rows(data: Tensor) -> Tensor:
     """Boolean ``[n]``: True where a row holds no NaN and no +-Inf."""
     return torch.isfinite(data).all(dim=1)
+
+
+def all_finite(values: Tensor) -> bool:
+    """True if ``values`` holds no NaN and no +-Inf.
+
+    A finite sum proves it with one reduction to a scalar (several times cheaper than
+    ``isfinite(values).all()``, which writes a boolean per element); only a non-finite sum, from
+    a non-finite value or from finite values whose sum overflowed, needs the per-element check.
+    """
+    return math.isfinite(float(values.sum())) or bool(torch.isfinite(values).all())

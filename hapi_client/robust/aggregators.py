@@ -41,8 +41,8 @@ Differences from ByzFL 0.0.11 (``byzfl.aggregators``), which the tests use as an
   therefore selects the same vector as ``Krum(n, f)``, and ByzFL ``MultiKrum(f + 1)`` equals
   ``MultiKrum(n, f, m=n - f - 1)``.
 - ByzFL's rules only require 2f < n; here each rule checks its own requirement from the seeds.
-- ByzFL's torch median uses ``torch.quantile`` (fails above 2^24 elements); here
-  ``torch.median``/``torch.kthvalue`` handle any size.
+- ByzFL's torch median is ``torch.quantile`` (a sort of all n values per coordinate); here
+  ``torch.topk`` selects the lower half (same values; D6 for even n, as ``quantile`` agrees).
 - ByzFL has no Bulyan and no batch-weighted average; its rules return NaN on NaN inputs.
 """
 
@@ -58,8 +58,8 @@ from typing import ClassVar, Literal
 import torch
 from torch import Tensor
 
-from ._distances import median_rows, pairwise_sq_distances, rank_rows
-from ._tensors import Inputs, as_matrix, finite_rows
+from ._distances import distances_and_finite, median_rows, rank_rows
+from ._tensors import Inputs, all_finite, as_matrix, finite_rows
 from .errors import (
     ComplexityLimitError,
     InputMismatchError,
@@ -147,7 +147,15 @@ class Aggregator(abc.ABC):
         return f"{type(self).__name__}(n={self.n}, f={self.f})"
 
 
-def _refuse_nonfinite(name: str, data: Tensor) -> None:
+def _refuse_nonfinite(name: str, data: Tensor, result: Tensor) -> None:
+    """Raise if an input holding NaN/Inf made ``result`` (a weighted mean of the rows) non-finite.
+
+    NaN and Inf reach every weighted mean (``0 * inf`` is NaN), so a finite result proves finite
+    inputs and this costs a pass over the ``[d]`` result only. The inputs are searched only when
+    the result is not finite, to name the culprits, or to find none when finite inputs overflowed.
+    """
+    if all_finite(result):
+        return
     finite = finite_rows(data)
     if not bool(finite.all()):
         bad = torch.nonzero(~finite).squeeze(1).tolist()
@@ -180,9 +188,10 @@ class Average(Aggregator):
         self.nonfinite = _check_policy(nonfinite)
 
     def _aggregate(self, data: Tensor) -> Tensor:
+        mean = data.mean(dim=0)
         if self.nonfinite == "raise":
-            _refuse_nonfinite(self.name, data)
-        return data.mean(dim=0)
+            _refuse_nonfinite(self.name, data, mean)
+        return mean
 
 
 class BatchWeightedAverage(Aggregator):
@@ -233,12 +242,14 @@ class BatchWeightedAverage(Aggregator):
         return matrix.restore(self._weighted(matrix.data, weights))
 
     def _weighted(self, data: Tensor, weights: Tensor | None) -> Tensor:
-        if self.nonfinite == "raise":
-            _refuse_nonfinite(self.name, data)
         if weights is None:
-            return data.mean(dim=0)
-        w = (weights / weights.sum()).to(device=data.device, dtype=data.dtype)
-        return w @ data
+            mean = data.mean(dim=0)
+        else:
+            w = (weights / weights.sum()).to(device=data.device, dtype=data.dtype)
+            mean = w @ data
+        if self.nonfinite == "raise":
+            _refuse_nonfinite(self.name, data, mean)
+        return mean
 
     def _aggregate(self, data: Tensor) -> Tensor:
         return self._weighted(data, self.batch_sizes)
@@ -248,7 +259,7 @@ class Median(Aggregator):
     """Coordinate-wise median [000:574-600]: ``out[j] = median(x_1[j], ..., x_n[j])``.
 
     Odd n: the ceil(n/2)-th sorted value (Eq. 3.3); even n: the mean of the two middle values
-    (D6). Requires n >= 2f+1; cost O(nd) (``torch.median``/``torch.kthvalue`` selection).
+    (D6). Requires n >= 2f+1; cost O(nd) (``torch.topk`` selection of the lower half).
     Non-finite values: NaN is ordered as +inf, so with at most f non-finite values per
     coordinate the median is one of (or between two of) the finite ones.
     """
@@ -283,12 +294,16 @@ class TrimmedMean(Aggregator):
     def _aggregate(self, data: Tensor) -> Tensor:
         if self.f == 0:
             return data.mean(dim=0)
-        if bool(torch.isnan(data).any()):
-            data = torch.nan_to_num(
-                data, nan=float("inf"), posinf=float("inf"), neginf=float("-inf")
-            )
-        ordered = torch.sort(data, dim=0).values
-        return ordered[self.f : self.n - self.f].mean(dim=0)
+        # torch.sort orders NaN above +inf, as if it were +inf: only a NaN left in the kept
+        # middle (more than f non-finite values at one end) must become +inf, so the result is
+        # checked instead of the inputs.
+        kept = torch.sort(data, dim=0).values[self.f : self.n - self.f]
+        mean = kept.mean(dim=0)
+        if not all_finite(mean):
+            mean = torch.nan_to_num(
+                kept, nan=float("inf"), posinf=float("inf"), neginf=float("-inf")
+            ).mean(dim=0)
+        return mean
 
 
 def _krum_scores(dist: Tensor, neighbours: int) -> Tensor:
@@ -329,8 +344,7 @@ class MultiKrum(Aggregator):
         return self._select(matrix.data).tolist()
 
     def _select(self, data: Tensor) -> Tensor:
-        finite = finite_rows(data)
-        dist = pairwise_sq_distances(data, finite)
+        dist, finite = distances_and_finite(data)
         scores = _krum_scores(dist, self.n - self.f - 2)
         return rank_rows(scores, (~finite).to(torch.int8))[: self.m]
 
@@ -399,7 +413,7 @@ class MDA(Aggregator):
 
     def _select(self, data: Tensor) -> Tensor:
         size = self.n - self.f
-        dist = pairwise_sq_distances(data, finite_rows(data))
+        dist = distances_and_finite(data)[0]
         best_value = float("inf")
         best: Tensor | None = None
         combos = itertools.combinations(range(self.n), size)
@@ -449,13 +463,13 @@ class Bulyan(Aggregator):
     def select(self, inputs: Inputs) -> list[int]:
         """Indices selected by the Krum phase, in selection order."""
         matrix = as_matrix(inputs, self.n)
-        return self._select(matrix.data).tolist()
+        return self._select(matrix.data)[0].tolist()
 
-    def _select(self, data: Tensor) -> Tensor:
+    def _select(self, data: Tensor) -> tuple[Tensor, bool]:
+        """The Krum phase's picks, and whether every picked input is finite."""
         n, f = self.n, self.f
         theta = n - 2 * f
-        finite = finite_rows(data)
-        dist = pairwise_sq_distances(data, finite)
+        dist, finite = distances_and_finite(data)
         alive = torch.ones(n, dtype=torch.bool, device=data.device)
         base_penalty = (~finite).to(torch.int8)
         picks: list[int] = []
@@ -468,17 +482,21 @@ class Bulyan(Aggregator):
             best = int(rank_rows(scores, penalty)[0])
             picks.append(best)
             alive[best] = False
-        return torch.tensor(picks, dtype=torch.long, device=data.device)
+        chosen = torch.tensor(picks, dtype=torch.long, device=data.device)
+        return chosen, bool(finite[chosen].all())
 
     def _aggregate(self, data: Tensor) -> Tensor:
         # Phase 2 depends only on the selected set: in input order, a stable sort gives two
         # values equally far from the median (c - e and c + e) to the lower input index, where
         # topk's choice would be unspecified and change the output.
-        selected = data[self._select(data).sort().values]
+        chosen, all_finite = self._select(data)
+        selected = data[chosen.sort().values]
         beta = self.n - 4 * self.f
         if beta == selected.shape[0]:
             return selected.mean(dim=0)
         centre = median_rows(selected)
-        deviation = torch.nan_to_num((selected - centre).abs(), nan=float("inf"))
+        deviation = (selected - centre).abs()
+        if not all_finite:  # finite picks give finite deviations (or +inf on overflow), no NaN
+            deviation = torch.nan_to_num(deviation, nan=float("inf"))
         closest = torch.sort(deviation, dim=0, stable=True).indices[:beta]
         return selected.gather(0, closest).mean(dim=0)

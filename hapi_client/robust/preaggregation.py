@@ -27,8 +27,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from ._distances import pairwise_sq_distances
-from ._tensors import Inputs, as_matrix, finite_rows
+from ._distances import distances_and_finite
+from ._tensors import Inputs, Matrix, as_matrix
 from .aggregators import Aggregator, check_count
 from .errors import InvalidParameterError, RequirementError
 
@@ -57,7 +57,10 @@ class PreAggregator(abc.ABC):
     def __call__(self, inputs: Inputs) -> Tensor:
         """Transform ``n`` inputs; returns one stacked tensor ``[output_count, *shape]``."""
         matrix = as_matrix(inputs, self.n)
-        return matrix.restore_stack(self._transform(matrix.data))
+        return matrix.restore_stack(self._transform_matrix(matrix))
+
+    def _transform_matrix(self, matrix: Matrix) -> Tensor:
+        return self._transform(matrix.data)
 
     @abc.abstractmethod
     def _transform(self, data: Tensor) -> Tensor:
@@ -86,8 +89,7 @@ class NearestNeighborMixing(PreAggregator):
 
     def _transform(self, data: Tensor) -> Tensor:
         k = self.n - self.f
-        finite = finite_rows(data)
-        dist = pairwise_sq_distances(data, finite)
+        dist, finite = distances_and_finite(data)
         # A stable sort, not topk: of equidistant neighbours the lower index is taken, on every CPU.
         neighbours = torch.argsort(dist, dim=1, stable=True)[:, :k]
         weights = torch.zeros(self.n, self.n, dtype=data.dtype, device=data.device)
@@ -131,9 +133,14 @@ class Bucketing(PreAggregator):
     def _transform(self, data: Tensor) -> Tensor:
         # Drawn on the CPU so a seed gives the same buckets on every device.
         perm = torch.randperm(self.n, generator=self._generator).to(data.device)
-        return torch.stack(
-            [data[perm[start : start + self.s]].mean(dim=0) for start in range(0, self.n, self.s)]
-        )
+        full, rest = divmod(self.n, self.s)
+        out = torch.empty(self.output_count, data.shape[1], dtype=data.dtype, device=data.device)
+        # One gather of the permuted rows and one mean over the full buckets, written in place.
+        shuffled = data.index_select(0, perm)
+        torch.mean(shuffled[: full * self.s].view(full, self.s, -1), dim=1, out=out[:full])
+        if rest:
+            torch.mean(shuffled[full * self.s :], dim=0, out=out[full])
+        return out
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(n={self.n}, s={self.s}, seed={self.seed})"
@@ -143,8 +150,9 @@ class Clipping(PreAggregator):
     """Static l2 clipping: ``y_i = x_i * min(1, c / ||x_i||)``.
 
     Bounds the influence of any single vector to norm ``c`` (default 2.0, ByzFL's default).
-    Norms are computed in float64 so a large but finite vector is clipped rather than zeroed
-    by an overflowing norm. Non-finite rows are passed through unchanged. Cost O(nd).
+    A norm that overflows the working dtype is computed again in float64, so a large but
+    finite vector is clipped rather than zeroed. Non-finite rows are passed through unchanged.
+    Cost O(nd).
     """
 
     name = "clipping"
@@ -155,11 +163,29 @@ class Clipping(PreAggregator):
             raise InvalidParameterError(f"{self.name}: c must be a finite number > 0, got {c!r}")
         self.c = float(c)
 
+    def _transform_matrix(self, matrix: Matrix) -> Tensor:
+        # A stack made from a list belongs to this call: scale it in place, as ByzFL does with
+        # its own stack, instead of allocating and filling a second [n, d] tensor.
+        scale = self._scale(matrix.data)
+        if matrix.owned:
+            return matrix.data.mul_(scale)
+        return matrix.data * scale
+
     def _transform(self, data: Tensor) -> Tensor:
-        norms = torch.linalg.vector_norm(data, dim=1, dtype=torch.float64)
+        return data * self._scale(data)
+
+    def _scale(self, data: Tensor) -> Tensor:
+        """``[n, 1]`` factors ``min(1, c / ||x_i||)``, 1 for non-finite rows."""
+        norms = torch.linalg.vector_norm(data, dim=1).double()
+        overflowed = ~torch.isfinite(norms)
+        if bool(overflowed.any()):
+            # Inf here is either a non-finite row or a finite one whose norm overflowed.
+            norms[overflowed] = torch.linalg.vector_norm(
+                data[overflowed], dim=1, dtype=torch.float64
+            )
         scale = torch.clamp(self.c / norms, max=1.0)
         scale = torch.where(torch.isfinite(norms), scale, torch.ones_like(scale))
-        return data * scale.to(data.dtype).unsqueeze(1)
+        return scale.to(data.dtype).unsqueeze(1)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(n={self.n}, c={self.c})"

@@ -1,13 +1,31 @@
 """Exception tree of :mod:`hapi_client` (like httpx: one base, specific subclasses)::
 
-HapiClientError
-├── ConfigurationError        an argument that cannot work
-├── SwiftAccessError          Swift refused (401, 403, 404) or could not be reached
-│   └── SwiftUnavailableError   ... still unreachable or 5xx when the retry budget ran out
-├── ServerError               the HAPI server answered an error that retrying cannot fix
-├── ServerUnavailableError    the HAPI server unreachable or failing for the retry budget
-├── DeliveryError             samples lost or duplicated
-└── VerificationError         features from the server differ from the local recomputation
+HapiClientError                   every error the client raises on purpose
+├── ConfigurationError            (also ValueError) an argument that cannot work
+├── SwiftAccessError              Swift refused (401, 403, 404) or could not be reached
+│   ├── SwiftUnavailableError       ... still unreachable or 5xx when the retry budget ran out
+│   └── datasets.SwiftError         (also DatasetError) a dataset upload/listing request failed
+├── ServerError                   the HAPI server answered an error that retrying cannot fix
+├── ServerUnavailableError        the HAPI server unreachable or failing for the retry budget
+├── DeliveryError                 samples lost or duplicated
+├── VerificationError             features from the server differ from the local recomputation
+├── datasets.DatasetError         building, uploading or reading a dataset (hapi_client.datasets)
+│   ├── SourceError, SourceSpecError, DatasetNotFoundError, CorruptDatasetError
+│   └── SwiftError (also SwiftAccessError): SwiftUnavailableError, SwiftAuthError
+├── robust.RobustAggregationError aggregation rules, attacks, balancing (hapi_client.robust)
+│   ├── InvalidParameterError (also ValueError): RequirementError, ComplexityLimitError
+│   ├── InputMismatchError (also ValueError): NonFiniteInputError, MissingRepliesError
+│   ├── UnknownNameError (also LookupError)
+│   └── BalancingError (also ValueError)
+└── distributed.DistributedError  multi-worker training (hapi_client.distributed)
+    ├── DistributedConfigError (also ValueError), ScheduleError, ReplicaDivergenceError
+    ├── ChannelError: GatherTimeoutError
+    └── LaunchError
+
+Each subpackage keeps its own module of errors (``hapi_client.datasets.errors``,
+``hapi_client.robust.errors``, ``hapi_client.distributed.errors``) whose base derives from
+:class:`HapiClientError`, so ``except HapiClientError`` catches every failure of the client.
+Handlers choose by type, never by message text.
 """
 
 from __future__ import annotations

@@ -3,18 +3,19 @@
     DatasetError
     +-- SourceError                 a sample source cannot be built or read
     |   +-- SourceSpecError         a source spec string cannot be parsed
-    +-- SwiftError                  talking to Swift failed
+    +-- SwiftError                  talking to Swift failed (also hapi_client.SwiftAccessError)
     |   +-- SwiftUnavailableError   Swift cannot be reached (connection refused, DNS, timeout)
     |   +-- SwiftAuthError          Swift rejected the credentials (401) or the access (403)
     +-- DatasetNotFoundError        the container or its manifest does not exist
     +-- CorruptDatasetError         the stored manifest is invalid
 
+``DatasetError`` derives from :class:`hapi_client.errors.HapiClientError`, the client's one root.
 Errors of the shard/manifest format itself are ``hapi_contract.dataset.DatasetFormatError``.
 """
 
 from __future__ import annotations
 
-from ..errors import HapiClientError
+from ..errors import HapiClientError, SwiftAccessError
 
 __all__ = [
     "CorruptDatasetError",
@@ -40,7 +41,7 @@ class SourceSpecError(SourceError):
     """A source spec string (``fashion-mnist:train``, ``photos:test?per_class=5``) is invalid."""
 
 
-class SwiftError(DatasetError):
+class SwiftError(DatasetError, SwiftAccessError):
     """A Swift request failed; the message names the operation, object and status."""
 
 

@@ -1,11 +1,14 @@
 """Exception tree of :mod:`hapi_client.robust`.
 
-Every error raised on purpose by this package is a :class:`RobustAggregationError`, so a caller
-can catch the whole package with one ``except``. The subclasses also derive from the matching
+Every error raised on purpose by this package is a :class:`RobustAggregationError`, itself a
+:class:`~hapi_client.errors.HapiClientError`, so a caller can catch this package with one
+``except`` and the whole client with another. The subclasses also derive from the matching
 built-in (``ValueError``, ``LookupError``) so generic handlers keep working.
 """
 
 from __future__ import annotations
+
+from ..errors import HapiClientError
 
 __all__ = [
     "BalancingError",
@@ -20,7 +23,7 @@ __all__ = [
 ]
 
 
-class RobustAggregationError(Exception):
+class RobustAggregationError(HapiClientError):
     """Base class of every error raised by :mod:`hapi_client.robust`."""
 
 

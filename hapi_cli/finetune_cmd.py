@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 from pathlib import Path
 
@@ -20,6 +19,9 @@ from hapi_client import (
     SwiftCredentials,
 )
 
+from . import workers
+from .tables import format_table
+
 __all__ = ["ERRORS", "register", "format_table"]
 
 ERRORS: tuple[type[BaseException], ...] = (HapiClientError, hapi_models.HapiModelError)
@@ -34,20 +36,8 @@ def _split(value: str) -> int | str:
         raise argparse.ArgumentTypeError("--split is 'auto', 'freeze' or a layer index") from None
 
 
-def format_table(rows: list[dict[str, object]]) -> str:
-    if not rows:
-        return ""
-    cols = list(rows[0])
-    width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
-    lines = ["  ".join(c.ljust(width[c]) for c in cols), "  ".join("-" * width[c] for c in cols)]
-    lines += ["  ".join(str(r[c]).ljust(width[c]) for c in cols) for r in rows]
-    return "\n".join(lines)
-
-
 def _run(args: argparse.Namespace) -> int:
     if getattr(args, "workers", 1) > 1:
-        from . import workers
-
         return workers.run_from_args(args)
     creds = SwiftCredentials(
         args.auth_url or os.environ.get("ST_AUTH") or DEFAULT_AUTH_URL,
@@ -166,8 +156,5 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--workers", type=int, default=1, help="multi-worker robust fine-tuning (torchrun)"
     )
-    if importlib.util.find_spec("hapi_cli.workers") is not None:
-        from . import workers
-
-        workers.add_worker_arguments(p)
+    workers.add_worker_arguments(p)
     p.set_defaults(func=_run)

@@ -24,31 +24,75 @@ from hapi_client.distributed import (
 )
 from hapi_client.robust import list_aggregators, list_attacks
 
+from .tables import format_table
+
 __all__ = ["add_worker_arguments", "config_from_args", "format_result", "run_from_args"]
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the multi-worker options (everything but ``--workers``, which ``finetune`` owns)."""
     group = parser.add_argument_group("multi-worker (--workers N > 1, under torchrun)")
-    group.add_argument("--aggregator", default="average",
-                       help=f"gradient aggregation rule: {', '.join(list_aggregators())} (default: %(default)s)")
-    group.add_argument("--f", type=int, default=0, help="declared number of Byzantine workers (default: %(default)s)")
-    group.add_argument("--q", type=int, help="gradients to wait for per round (default: all workers)")
-    group.add_argument("--gather-timeout", type=float, default=120.0,
-                       help="seconds the aggregator waits for q gradients before failing (default: %(default)s)")
-    group.add_argument("--attack", help=f"simulated attack of the attacker ranks: {', '.join(list_attacks())}")
-    group.add_argument("--attackers", type=int, default=0,
-                       help="how many workers attack (the highest ranks; default: %(default)s)")
-    group.add_argument("--balance", action="store_true",
-                       help="LB-BSP: move samples from the slowest to the fastest worker between rounds")
-    group.add_argument("--straggler-delay", type=float, default=0.0,
-                       help="make one worker slow: it sleeps this many seconds per sample of its batch")
-    group.add_argument("--straggler-rank", type=int, help="the slow worker (default: the last rank)")
-    group.add_argument("--checksum-every", type=int, default=50,
-                       help="rounds between replica checksum checks (default: %(default)s)")
-    group.add_argument("--threads-per-worker", type=int, default=1, help="torch threads per worker (default: %(default)s)")
-    group.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
-                       help="torch.distributed backend (auto: gloo on CPU, NCCL for GPU tensors)")
+    group.add_argument(
+        "--aggregator",
+        default="average",
+        help=f"gradient aggregation rule: {', '.join(list_aggregators())} (default: %(default)s)",
+    )
+    group.add_argument(
+        "--f",
+        type=int,
+        default=0,
+        help="declared number of Byzantine workers (default: %(default)s)",
+    )
+    group.add_argument(
+        "--q", type=int, help="gradients to wait for per round (default: all workers)"
+    )
+    group.add_argument(
+        "--gather-timeout",
+        type=float,
+        default=120.0,
+        help="seconds the aggregator waits for q gradients before failing (default: %(default)s)",
+    )
+    group.add_argument(
+        "--attack", help=f"simulated attack of the attacker ranks: {', '.join(list_attacks())}"
+    )
+    group.add_argument(
+        "--attackers",
+        type=int,
+        default=0,
+        help="how many workers attack (the highest ranks; default: %(default)s)",
+    )
+    group.add_argument(
+        "--balance",
+        action="store_true",
+        help="LB-BSP: move samples from the slowest to the fastest worker between rounds",
+    )
+    group.add_argument(
+        "--straggler-delay",
+        type=float,
+        default=0.0,
+        help="make one worker slow: it sleeps this many seconds per sample of its batch",
+    )
+    group.add_argument(
+        "--straggler-rank", type=int, help="the slow worker (default: the last rank)"
+    )
+    group.add_argument(
+        "--checksum-every",
+        type=int,
+        default=50,
+        help="rounds between replica checksum checks (default: %(default)s)",
+    )
+    group.add_argument(
+        "--threads-per-worker",
+        type=int,
+        default=1,
+        help="torch threads per worker (default: %(default)s)",
+    )
+    group.add_argument(
+        "--backend",
+        choices=("auto", "gloo", "nccl"),
+        default="auto",
+        help="torch.distributed backend (auto: gloo on CPU, NCCL for GPU tensors)",
+    )
     group.add_argument("--worker-log", help="keep torchrun's and the workers' output in this file")
 
 
@@ -62,33 +106,55 @@ def config_from_args(args: argparse.Namespace) -> DistributedConfig:
     workers = int(_opt(args, "workers", 1))
     attackers = int(_opt(args, "attackers", 0))
     if not 0 <= attackers < workers:
-        raise DistributedConfigError(f"--attackers must be in [0, {workers - 1}] with {workers} workers")
+        raise DistributedConfigError(
+            f"--attackers must be in [0, {workers - 1}] with {workers} workers"
+        )
     if attackers and not _opt(args, "attack"):
         raise DistributedConfigError("--attackers needs --attack (e.g. --attack reverse)")
     mode = _opt(args, "mode", "hapi")
     if mode not in ("hapi", "baseline"):
-        raise DistributedConfigError(f"--mode {mode} does not run with several workers; use hapi or baseline")
+        raise DistributedConfigError(
+            f"--mode {mode} does not run with several workers; use hapi or baseline"
+        )
     delay = float(_opt(args, "straggler_delay", 0.0))
     bandwidth, throttle = _opt(args, "bandwidth_mbit"), _opt(args, "throttle_mbit")
     return DistributedConfig(
-        model=args.model, container=args.container, eval_container=_opt(args, "eval_container"),
+        model=args.model,
+        container=args.container,
+        eval_container=_opt(args, "eval_container"),
         endpoint=_opt(args, "endpoint", os.environ.get("HAPI_ENDPOINT", DEFAULT_ENDPOINT)),
-        via=_opt(args, "via", "hapi"), freeze_index=_opt(args, "freeze_index"), split=_opt(args, "split", "auto"),
-        mode=mode, batch_size=int(_opt(args, "batch_size", 64)), epochs=int(_opt(args, "epochs", 1)),
-        optimizer=_opt(args, "optimizer", "sgd"), lr=float(_opt(args, "lr", 0.01)),
-        momentum=float(_opt(args, "momentum", 0.9)), weight_decay=float(_opt(args, "weight_decay", 0.0)),
-        seed=int(_opt(args, "seed", 0)), output_dtype=_opt(args, "dtype", "float32"),
-        compression=_opt(args, "compression", "none"), cache_features=not _opt(args, "no_cache", False),
-        image_size=_opt(args, "image_size"), device=_device(_opt(args, "device", "auto")),
+        via=_opt(args, "via", "hapi"),
+        freeze_index=_opt(args, "freeze_index"),
+        split=_opt(args, "split", "auto"),
+        mode=mode,
+        batch_size=int(_opt(args, "batch_size", 64)),
+        epochs=int(_opt(args, "epochs", 1)),
+        optimizer=_opt(args, "optimizer", "sgd"),
+        lr=float(_opt(args, "lr", 0.01)),
+        momentum=float(_opt(args, "momentum", 0.9)),
+        weight_decay=float(_opt(args, "weight_decay", 0.0)),
+        seed=int(_opt(args, "seed", 0)),
+        output_dtype=_opt(args, "dtype", "float32"),
+        compression=_opt(args, "compression", "none"),
+        cache_features=not _opt(args, "no_cache", False),
+        image_size=_opt(args, "image_size"),
+        device=_device(_opt(args, "device", "auto")),
         bandwidth_bytes_per_s=bandwidth * 1e6 / 8 if bandwidth else None,
         throttle_bytes_per_s=throttle * 1e6 / 8 if throttle else None,
-        backend=_opt(args, "backend", "auto"), threads=int(_opt(args, "threads_per_worker", 1)),
-        aggregator=_opt(args, "aggregator", "average"), f=int(_opt(args, "f", 0)), q=_opt(args, "q"),
-        gather_timeout_s=float(_opt(args, "gather_timeout", 120.0)), attack=_opt(args, "attack"),
-        attackers=tuple(range(workers - attackers, workers)), balance=bool(_opt(args, "balance", False)),
+        backend=_opt(args, "backend", "auto"),
+        threads=int(_opt(args, "threads_per_worker", 1)),
+        aggregator=_opt(args, "aggregator", "average"),
+        f=int(_opt(args, "f", 0)),
+        q=_opt(args, "q"),
+        gather_timeout_s=float(_opt(args, "gather_timeout", 120.0)),
+        attack=_opt(args, "attack"),
+        attackers=tuple(range(workers - attackers, workers)),
+        balance=bool(_opt(args, "balance", False)),
         straggler_rank=_opt(args, "straggler_rank", workers - 1) if delay > 0 else None,
-        straggler_delay_s=delay, checksum_every=int(_opt(args, "checksum_every", 50)),
-        results_path=_opt(args, "metrics_json"), save_path=_opt(args, "save"),
+        straggler_delay_s=delay,
+        checksum_every=int(_opt(args, "checksum_every", 50)),
+        results_path=_opt(args, "metrics_json"),
+        save_path=_opt(args, "save"),
         progress=not _opt(args, "quiet", False),
     )
 
@@ -102,10 +168,15 @@ def format_result(result: DistributedResult) -> list[dict[str, object]]:
     """Rows of the per-epoch table printed by ``hapi finetune --workers N``."""
     return [
         {
-            "epoch": m.epoch, "loss": f"{m.loss:.4f}", "train acc": f"{m.train_accuracy:.3f}",
+            "epoch": m.epoch,
+            "loss": f"{m.loss:.4f}",
+            "train acc": f"{m.train_accuracy:.3f}",
             "eval acc": "-" if m.eval_accuracy is None else f"{m.eval_accuracy:.3f}",
-            "seconds": f"{m.seconds:.1f}", "rounds": m.rounds, "replies used": m.replies_used,
-            "MB": f"{m.bytes_received / 1e6:.2f}", "ms/round": f"{m.mean_round_seconds * 1e3:.1f}",
+            "seconds": f"{m.seconds:.1f}",
+            "rounds": m.rounds,
+            "replies used": m.replies_used,
+            "MB": f"{m.bytes_received / 1e6:.2f}",
+            "ms/round": f"{m.mean_round_seconds * 1e3:.1f}",
             "batch sizes": ",".join(str(s) for s in m.batch_sizes),
         }
         for m in result.history
@@ -114,21 +185,33 @@ def format_result(result: DistributedResult) -> list[dict[str, object]]:
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Run ``hapi finetune`` with ``--workers N`` > 1; returns the exit code."""
-    from .finetune_cmd import format_table
-
     config = config_from_args(args)
     creds = SwiftCredentials(
         _opt(args, "auth_url") or os.environ.get("ST_AUTH") or DEFAULT_AUTH_URL,
         _opt(args, "user") or os.environ.get("ST_USER") or "test:tester",
         _opt(args, "key") or os.environ.get("ST_KEY") or "testing",
     )
-    level = "debug" if _opt(args, "debug", False) else "info" if _opt(args, "verbose", False) else "warning"
-    result = launch(int(args.workers), config, credentials=creds, log_path=_opt(args, "worker_log"), log_level=level,
-                    stream_output=not _opt(args, "quiet", False))
+    level = (
+        "debug"
+        if _opt(args, "debug", False)
+        else "info"
+        if _opt(args, "verbose", False)
+        else "warning"
+    )
+    result = launch(
+        int(args.workers),
+        config,
+        credentials=creds,
+        log_path=_opt(args, "worker_log"),
+        log_level=level,
+        stream_output=not _opt(args, "quiet", False),
+    )
     attack = f"{config.attack} by ranks {list(config.attackers)}" if config.attackers else "none"
-    print(f"{result.world_size} workers, aggregator {result.aggregator} (q={result.q}, f={result.f}), attack: "
-          f"{attack}, split {result.split_index} (freeze {result.freeze_index})"
-          + (", LB-BSP on" if result.balance else ""))
+    print(
+        f"{result.world_size} workers, aggregator {result.aggregator} (q={result.q}, f={result.f}), attack: "
+        f"{attack}, split {result.split_index} (freeze {result.freeze_index})"
+        + (", LB-BSP on" if result.balance else "")
+    )
     print(format_table(format_result(result)))
     if config.save_path:
         print(f"weights saved to {Path(config.save_path)}")

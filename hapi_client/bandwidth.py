@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 
+from .errors import ConfigurationError
 
-@dataclass(frozen=True)
-class Observation:
-    nbytes: int
-    seconds: float
+__all__ = ["BandwidthEstimator"]
 
 
 class BandwidthEstimator:
@@ -25,9 +22,9 @@ class BandwidthEstimator:
         self, *, alpha: float = 0.3, override: float | None = None, min_bytes: int = 256 * 1024
     ) -> None:
         if not 0 < alpha <= 1:
-            raise ValueError("alpha must be in (0, 1]")
+            raise ConfigurationError("alpha must be in (0, 1]")
         if override is not None and override <= 0:
-            raise ValueError("bandwidth override must be positive")
+            raise ConfigurationError("bandwidth override must be positive")
         self.alpha = alpha
         self.override = override
         self.min_bytes = min_bytes
@@ -38,6 +35,7 @@ class BandwidthEstimator:
         self.observations = 0
 
     def observe(self, nbytes: int, seconds: float) -> None:
+        """Count a transfer of ``nbytes`` that took ``seconds`` (ignored unless both are > 0)."""
         if nbytes <= 0 or seconds <= 0:
             return
         with self._lock:
@@ -55,6 +53,7 @@ class BandwidthEstimator:
 
     @property
     def bytes_per_s(self) -> float | None:
+        """The override if set, else the current estimate (None before enough bytes)."""
         if self.override is not None:
             return self.override
         return self._estimate

@@ -1,0 +1,77 @@
+"""BandwidthEstimator: folding, smoothing and the override, fed with known transfers."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from hapi_client.bandwidth import BandwidthEstimator
+from hapi_client.errors import ConfigurationError
+
+
+def test_no_estimate_before_enough_bytes() -> None:
+    est = BandwidthEstimator(min_bytes=1000)
+    est.observe(400, 0.1)
+    est.observe(400, 0.1)
+    assert est.bytes_per_s is None and est.observations == 0
+
+
+def test_small_transfers_are_folded_into_one_observation() -> None:
+    est = BandwidthEstimator(min_bytes=1000)
+    est.observe(400, 0.1)
+    est.observe(600, 0.4)  # 1000 bytes in 0.5 s together
+    assert est.observations == 1
+    assert est.bytes_per_s == pytest.approx(2000.0)
+
+
+def test_exponential_smoothing() -> None:
+    est = BandwidthEstimator(alpha=0.25, min_bytes=1)
+    est.observe(1000, 1.0)
+    est.observe(5000, 1.0)
+    assert est.bytes_per_s == pytest.approx(0.25 * 5000 + 0.75 * 1000)
+
+
+def test_empty_or_instant_transfers_are_ignored() -> None:
+    est = BandwidthEstimator(min_bytes=1)
+    est.observe(0, 1.0)
+    est.observe(100, 0.0)
+    est.observe(-5, 1.0)
+    assert est.bytes_per_s is None
+
+
+def test_override_pins_the_estimate() -> None:
+    est = BandwidthEstimator(override=123.0, min_bytes=1)
+    est.observe(10_000, 1.0)
+    assert est.bytes_per_s == 123.0
+
+
+def test_drifted() -> None:
+    est = BandwidthEstimator(min_bytes=1)
+    assert not est.drifted(1000.0)  # no estimate yet
+    est.observe(1300, 1.0)
+    assert est.drifted(1000.0)  # 30 % > 25 %
+    assert not est.drifted(1000.0, tolerance=0.5)
+
+
+def test_concurrent_observations_count_every_byte() -> None:
+    est = BandwidthEstimator(alpha=1.0, min_bytes=10**9)
+
+    def feed() -> None:
+        for _ in range(1000):
+            est.observe(100, 0.001)
+
+    threads = [threading.Thread(target=feed) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # 400 kB pending: nothing lost to a race between the threads' read-modify-write.
+    assert est._pending_bytes == 400_000
+    assert est._pending_s == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("kwargs", [{"alpha": 0.0}, {"alpha": 1.5}, {"override": 0.0}])
+def test_bad_arguments(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ConfigurationError):
+        BandwidthEstimator(**kwargs)  # type: ignore[arg-type]

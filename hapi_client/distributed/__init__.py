@@ -17,7 +17,11 @@ LB-BSP can move samples from slow to fast workers between rounds::
 Inside your own torchrun script, call :func:`distributed_finetune` on every rank instead.
 Modules: :mod:`.config`, :mod:`.schedule` (who trains on which samples), :mod:`.channel` and
 :mod:`.messages` (the gradient side channel), :mod:`.replica` (flat gradients, checksums),
-:mod:`.data` (per-worker shard store), :mod:`.trainer`, :mod:`.launcher`, :mod:`.errors`.
+:mod:`.data` (per-worker shard store), :mod:`.trainer` (the entry points and one rank's run),
+which uses :mod:`.setup` (device, backend, the model replica), :mod:`.rendezvous` (opening the
+side channel), :mod:`.rounds` (one round on the aggregator and on a worker), :mod:`.attacker`
+(forged replies), :mod:`.epoch_end` (replica check, totals, evaluation) and :mod:`.results`;
+:mod:`.launcher` (torchrun), :mod:`.errors`.
 """
 
 from .channel import AggregatorChannel, GatherResult, WorkerChannel

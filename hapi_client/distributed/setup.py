@@ -1,0 +1,220 @@
+"""Setting up one rank: device, backend, credentials, and the replica of the model it trains.
+
+Every rank prepares the same model (:func:`~hapi_client.preparation.prepare_model`), rank 0
+decides the split from its measured bandwidth and broadcasts it, and rank 0's trainable
+parameters and buffers are broadcast so that all replicas start identical.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import hapi_models
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hapi_contract import Compression, DatasetManifest, OutputDtype, ProfileSpec
+
+from ..client import HapiClient
+from ..model_store import StoredModel
+from ..preparation import decide_split, prepare_model
+from ..swift_session import DEFAULT_AUTH_URL, SwiftCredentials
+from .config import DistributedConfig
+from .errors import DistributedConfigError
+from .replica import trainable_parameters
+
+__all__ = [
+    "Collectives",
+    "Replica",
+    "backend_for",
+    "credentials_or_env",
+    "memory_used",
+    "resolve_device",
+    "setup_replica",
+]
+
+log = logging.getLogger(__name__)
+
+
+def credentials_or_env(given: SwiftCredentials | None) -> SwiftCredentials:
+    """``given``, else the credentials in ``ST_AUTH``/``ST_USER``/``ST_KEY`` (or the defaults)."""
+    if given is not None:
+        return given
+    return SwiftCredentials(
+        os.environ.get("ST_AUTH") or DEFAULT_AUTH_URL,
+        os.environ.get("ST_USER") or "test:tester",
+        os.environ.get("ST_KEY") or "testing",
+    )
+
+
+def resolve_device(config: DistributedConfig) -> torch.device:
+    """The device this rank trains on ("cuda" and "auto" pick the GPU of the local rank)."""
+    if config.device == "cpu":
+        return torch.device("cpu")
+    if config.device.startswith("cuda:"):
+        return torch.device(config.device)
+    if not torch.cuda.is_available():
+        if config.device == "cuda":
+            raise DistributedConfigError("device 'cuda' was asked for but CUDA is not available")
+        return torch.device("cpu")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    return torch.device("cuda", local % torch.cuda.device_count())
+
+
+def backend_for(config: DistributedConfig, device: torch.device) -> str:
+    """gloo on CPU; on GPU gloo for host tensors plus NCCL for device tensors."""
+    if config.backend == "gloo" or device.type != "cuda":
+        if config.backend == "nccl":
+            raise DistributedConfigError("backend 'nccl' needs a CUDA device")
+        return "gloo"
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if config.backend == "auto" and torch.cuda.device_count() < local_world:
+        # NCCL refuses two ranks on one GPU; fall back to gloo through host memory.
+        return "gloo"
+    return "cpu:gloo,cuda:nccl"
+
+
+def memory_used(device: torch.device) -> float:
+    """Fraction of the device's memory in use (host memory on CPU), for LB-BSP's memory guard."""
+    if device.type == "cuda":
+        free, capacity = torch.cuda.mem_get_info(device)
+        return 1.0 - free / capacity if capacity else 0.0
+    try:
+        lines = Path("/proc/meminfo").read_text().splitlines()
+        info = dict(line.split(":", 1) for line in lines if ":" in line)
+        total = float(info["MemTotal"].split()[0])
+        available = float(info["MemAvailable"].split()[0])
+        return 1.0 - available / total if total else 0.0
+    except (OSError, KeyError, ValueError):
+        return 0.0
+
+
+class Collectives:
+    """Broadcasts from rank 0 that work whether the backend takes device tensors or not."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device_tensors = device.type == "cuda" and "nccl" in str(dist.get_backend())
+
+    def broadcast(self, t: torch.Tensor) -> None:
+        """Overwrite ``t`` with rank 0's ``t`` (through host memory under gloo on a GPU)."""
+        if self.device_tensors or t.device.type == "cpu":
+            dist.broadcast(t, src=0)
+            return
+        host = t.detach().cpu()
+        dist.broadcast(host, src=0)
+        t.copy_(host)
+
+
+@dataclass
+class Replica:
+    """This rank's copy of the model and what its data needs (identical on every rank)."""
+
+    stored: StoredModel
+    manifest: DatasetManifest
+    eval_manifest: DatasetManifest | None
+    transform: hapi_models.InputTransform
+    profile_spec: ProfileSpec
+    dtype: OutputDtype
+    compression: Compression
+    split: int
+    freeze: int
+    net: hapi_models.SplittableModel
+    #: Layers ``[split, freeze)``: run on the client without gradients.
+    frozen: nn.Module
+    #: Layers ``[freeze, n)``: the part every worker trains.
+    trainable: nn.Module
+    params: list[nn.Parameter]
+    buffers: list[torch.Tensor]
+    optimizer: torch.optim.Optimizer
+
+    @property
+    def numel(self) -> int:
+        return sum(p.numel() for p in self.params)
+
+
+def setup_replica(
+    client: HapiClient,
+    config: DistributedConfig,
+    rank: int,
+    device: torch.device,
+    collectives: Collectives,
+) -> Replica:
+    """Prepare the model, agree on the split and start every replica from rank 0's weights."""
+    cfg = config
+    prepared = prepare_model(
+        client,
+        cfg.model,
+        cfg.container,
+        num_classes=cfg.num_classes,
+        freeze_index=cfg.freeze_index,
+        image_size=cfg.image_size,
+        seed=cfg.seed,
+    )
+    eval_manifest = None
+    if rank == 0 and cfg.eval_container:
+        eval_manifest = client.manifest(cfg.eval_container)
+    freeze = prepared.freeze_index
+    dtype = OutputDtype(cfg.output_dtype)
+    split = _agree_on_split(client, cfg, rank, prepared.profile, prepared.manifest, freeze, dtype)
+    net = prepared.net.to(device)
+    hapi_models.prepare_for_finetuning(net, freeze)
+    trainable = net.tail(freeze)
+    params = trainable_parameters(net)
+    buffers = list(trainable.buffers())
+    for t in [*params, *buffers]:
+        collectives.broadcast(t.data)
+    # Dropout differs per worker on purpose; the model itself stays identical.
+    torch.manual_seed(cfg.seed * 1000 + rank)
+    return Replica(
+        stored=prepared.stored,
+        manifest=prepared.manifest,
+        eval_manifest=eval_manifest,
+        transform=prepared.transform,
+        profile_spec=prepared.profile_spec,
+        dtype=dtype,
+        compression=Compression(cfg.compression),
+        split=split,
+        freeze=freeze,
+        net=net,
+        frozen=nn.Sequential(*net.layers[split:freeze]),
+        trainable=trainable,
+        params=params,
+        buffers=buffers,
+        optimizer=cfg.optimizer_config().build(params),
+    )
+
+
+def _agree_on_split(
+    client: HapiClient,
+    cfg: DistributedConfig,
+    rank: int,
+    prof: hapi_models.ModelProfile,
+    manifest: DatasetManifest,
+    freeze: int,
+    dtype: OutputDtype,
+) -> int:
+    """Rank 0 decides the split (from its measured bandwidth) and every rank uses it."""
+    choice = torch.zeros(1, dtype=torch.int64)
+    if rank == 0:
+        if cfg.mode == "baseline":
+            choice[0] = 0
+        else:
+            if cfg.split == "auto" and client.bandwidth.bytes_per_s is None:
+                client.swift.probe(cfg.container, manifest.shards[0].name)
+            decision = decide_split(
+                prof,
+                manifest,
+                cfg.batch_size,
+                client.bandwidth.bytes_per_s,
+                freeze,
+                dtype,
+                cfg.split,
+            )
+            log.info("split %d: %s", decision.split_index, decision.reason)
+            choice[0] = decision.split_index
+    dist.broadcast(choice, src=0)
+    return int(choice[0])

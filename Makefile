@@ -11,7 +11,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # in apt 2.6 (checked: it fails at once), hence the retry loop around `update`.
 APT_GET := apt-get -o DPkg::Lock::Timeout=600
 
-.PHONY: install system-deps demo test lint bench stack-up stack-down clean
+.PHONY: install system-deps demo test lint bench stack-up stack-down clean compose-check
 
 install: $(STAMP) system-deps
 
@@ -56,6 +56,11 @@ bench: install
 
 stack-up: install
 	$(VENV)/bin/hapi stack up
+
+# Builds the compose file's images, runs the stack and the README's container commands, then
+# removes what it started (about 15 min here; not part of `make test`). See docs/docker.md.
+compose-check:
+	bash scripts/compose_check.sh
 
 stack-down:
 	$(VENV)/bin/hapi stack down

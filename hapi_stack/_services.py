@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hapi_stack._config import StackConfig
-from hapi_stack._paths import StatePaths
+from hapi_stack._paths import StatePaths, find_script, script_dirs
 from hapi_stack.errors import MissingBinaryError
 
 __all__ = ["SWIFT_SERVERS", "ServiceSpec", "stack_services", "swift_bin_dir", "swift_program"]
@@ -38,17 +38,19 @@ class ServiceSpec:
 
 
 def swift_bin_dir() -> Path:
-    """The directory holding ``swift-*`` programs: next to the running interpreter (the venv)."""
-    return Path(sys.executable).parent
+    """The directory holding ``swift-*`` programs: wherever pip put ``swift-proxy-server``."""
+    proxy = find_script("swift-proxy-server")
+    return proxy.parent if proxy is not None else Path(sys.executable).parent
 
 
 def swift_program(name: str) -> Path:
     """The path of a Swift program such as ``swift-ring-builder``, or MissingBinaryError."""
-    path = swift_bin_dir() / name
-    if not path.is_file():
+    path = find_script(name)
+    if path is None:
+        looked_in = ", ".join(str(d) for d in script_dirs())
         raise MissingBinaryError(
             name,
-            f"expected at {path}; install Swift into this environment with "
+            f"looked in {looked_in}; install Swift for this interpreter with "
             f"`{sys.executable} -m pip install swift` (the project's `swift` extra)",
         )
     return path

@@ -9,6 +9,7 @@
 #   HAPI_SEED_ARCHS              architectures whose weights to store (default resnet18)
 #   HAPI_SEED_NUM_CLASSES        classes of the stored heads (default 10)
 #   HAPI_SEED_MODELS             weights container (default models)
+#   HAPI_SEED_WAIT               seconds to wait for Swift's /healthcheck (default 300)
 set -eu
 : "${ST_AUTH:=http://swift:8080/auth/v1.0}"
 : "${ST_USER:=test:tester}"
@@ -18,7 +19,27 @@ HAPI="${HAPI_CLI:-hapi}"
 source="${HAPI_SEED_SOURCE:-fashion-mnist:test?limit=2000}"
 container="${HAPI_SEED_CONTAINER:-fashion-mnist}"
 
-# The CLI retries, but Swift may still be starting when the container starts.
+# Wait for Swift's health ourselves: not every engine runs the compose healthchecks (podman
+# without systemd) or honours `condition: service_healthy` (podman-compose).
+health="${ST_AUTH%%/auth/*}/healthcheck"
+"${PYTHON:-python3}" - "$health" "${HAPI_SEED_WAIT:-300}" <<'PY'
+import sys, time, urllib.request
+
+url, deadline = sys.argv[1], time.monotonic() + float(sys.argv[2])
+while True:
+    try:
+        with urllib.request.urlopen(url, timeout=3) as answer:
+            if answer.status == 200:
+                break
+    except OSError:
+        pass
+    if time.monotonic() > deadline:
+        sys.exit(f"seed: {url} did not answer 200 within {sys.argv[2]} s")
+    time.sleep(1)
+print(f"seed: Swift is healthy ({url})", flush=True)
+PY
+
+# The CLI retries as well, for a Swift that is healthy but still settling.
 tries=0
 until "$HAPI" upload dataset --source "$source" --container "$container" \
         --shard-size "${HAPI_SEED_SHARD_SIZE:-1000}" --no-progress; do

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
+import socket
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -63,13 +65,28 @@ def config_from_env(env: Mapping[str, str]) -> StackConfig:
     return StackConfig.model_validate(fields)
 
 
+def _stop_signal_sockets() -> tuple[socket.socket, socket.socket]:
+    """A socket that receives one byte (the signal number) per SIGTERM or SIGINT from now on.
+
+    Handlers and a wakeup fd, not a blocked mask: the services this process starts inherit a
+    blocked mask (a container stop would then wait out its grace period and kill them), while
+    handled signals go back to their default in an exec'd child. A signal that arrives while
+    the stack starts is kept in the socket, so the loop below cannot miss it. Returns the
+    receiving end, then the sending end, which must stay open as long as the receiver is used.
+    """
+    receiver, sender = socket.socketpair()
+    sender.setblocking(False)
+    signal.set_wakeup_fd(sender.fileno(), warn_on_full_buffer=False)
+    for stop_signal in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop_signal, lambda _signum, _frame: None)
+    return receiver, sender
+
+
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     config = config_from_env(os.environ)
     interval = float(os.environ.get("HAPI_CHECK_INTERVAL", "5"))
-    # Blocked before anything starts, then waited for: no handler can race the loop below.
-    stop_signals = {signal.SIGTERM, signal.SIGINT}
-    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+    stop_signals, _wakeup = _stop_signal_sockets()
     try:
         stack = up(config)
     except StackError as exc:
@@ -84,15 +101,18 @@ def main() -> int:
     code = 0
     try:
         while True:
-            received = signal.sigtimedwait(stop_signals, interval)
-            if received is not None:
-                logger.info("got %s; stopping Swift", signal.Signals(received.si_signo).name)
+            readable, _, _ = select.select([stop_signals], [], [], interval)
+            if readable:
+                received = stop_signals.recv(1)[0]
+                logger.info("got %s; stopping Swift", signal.Signals(received).name)
                 break
             try:
                 running_stack(stack.config)
             except StackNotRunningError:
-                logger.error("a Swift service died; stopping the rest (logs in %s)",
-                             stack.config.state_dir / "logs")
+                logger.error(
+                    "a Swift service died; stopping the rest (logs in %s)",
+                    stack.config.state_dir / "logs",
+                )
                 code = 1
                 break
     finally:

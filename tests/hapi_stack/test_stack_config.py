@@ -112,5 +112,6 @@ def test_missing_swift_says_how_to_install_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setattr("hapi_stack._paths.script_dirs", lambda: (tmp_path,))
     with pytest.raises(MissingBinaryError, match="swift-account-server.*pip install swift"):
         stack_services(StackConfig(state_dir=tmp_path))

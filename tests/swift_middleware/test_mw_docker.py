@@ -59,9 +59,10 @@ def test_docker_compose_accepts_the_file() -> None:
     for name in ("hapi-server", "hapi-server-gpu"):
         service = services[name]
         assert "/healthz" in " ".join(service["healthcheck"]["test"])
-        assert service["environment"]["HAPI_SWIFT_URL"] == swift["environment"][
-            "HAPI_FILTER_SWIFT_URL"
-        ]
+        assert (
+            service["environment"]["HAPI_SWIFT_URL"]
+            == swift["environment"]["HAPI_FILTER_SWIFT_URL"]
+        )
         assert service["depends_on"]["swift"]["condition"] == "service_healthy"
     gpu = services["hapi-server-gpu"]
     assert gpu["profiles"] == ["gpu"]
@@ -99,6 +100,14 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: floa
             pass
         time.sleep(0.2)  # polling a condition with a deadline
     raise AssertionError(f"{url} not healthy:\n{log.read_text(errors='replace')[-4000:]}")
+
+
+def _blocked_signals(pid: int) -> set[signal.Signals]:
+    """The signals ``pid`` has blocked, from the SigBlk mask in /proc/PID/status."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    [mask] = re.findall(r"^SigBlk:\s*([0-9a-f]+)$", status, re.MULTILINE)
+    bits = int(mask, 16)
+    return {s for s in signal.Signals if 0 < s < 64 and bits & (1 << (s - 1))}
 
 
 @pytest.mark.swift
@@ -140,6 +149,12 @@ def test_the_swift_entry_point_runs_the_stack_with_the_filter_until_sigterm(
         )
         assert hapi.status_code == 503 and hapi.json()["code"] == "no_hapi_server"
         assert (tmp_path / "state" / "pids.json").is_file()
+        # The services must not inherit a blocked SIGTERM, or every container stop waits out
+        # the grace period and kills them.
+        record = json.loads((tmp_path / "state" / "pids.json").read_text())
+        blocked = {s["name"]: _blocked_signals(s["pid"]) for s in record["services"]}
+        assert len(blocked) == 5, blocked
+        assert all(signal.SIGTERM not in b and signal.SIGINT not in b for b in blocked.values())
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=60)

@@ -284,15 +284,10 @@ def _all_in_cos(
         model=stored.ref(),
         target_classes=classes if classes != stored.num_classes else None,
         freeze_index=freeze,
-        transform=TransformSpec.from_transform(transform),
+        transform=TransformSpec.model_validate(transform),  # read by attribute, no mapping
         batch_size=batch_size,
         epochs=epochs,
-        optimizer=OptimizerSpec(
-            name=optimizer.name,
-            lr=float(optimizer.lr),
-            momentum=float(optimizer.momentum),
-            weight_decay=float(optimizer.weight_decay),
-        ),
+        optimizer=OptimizerSpec.model_validate(optimizer),
         seed=seed,
         b_max=b_max or batch_size,
     )
@@ -314,7 +309,7 @@ def _all_in_cos(
         )
         eval_acc = _evaluate(held_out.local_model("cpu"), held_out, "cpu")
     history = []
-    epochs_meta = meta.get("epochs", [])
+    epochs_meta = meta.epochs
     iters = math.ceil(manifest.num_samples / batch_size)
     for i, e in enumerate(epochs_meta):
         history.append(
@@ -322,17 +317,17 @@ def _all_in_cos(
                 epoch=i + 1,
                 mode="all_in_cos",
                 split_index=net.num_layers,
-                loss=e["loss"],
-                train_accuracy=e["train_accuracy"],
+                loss=e.loss,
+                train_accuracy=e.train_accuracy,
                 eval_accuracy=eval_acc if i == len(epochs_meta) - 1 else None,
-                seconds=e["seconds"] if len(epochs_meta) > 1 else seconds,
-                samples=e["samples"],
+                seconds=e.seconds if len(epochs_meta) > 1 else seconds,
+                samples=e.samples,
                 iterations=iters,
                 bytes_received=len(blob) if i == 0 else 0,
                 bytes_per_iteration=(len(blob) if i == 0 else 0) / iters,
                 requests=1 if i == 0 else 0,
                 bandwidth_mbit_s=None,
-                samples_per_s=e["samples"] / max(e["seconds"], 1e-9),
+                samples_per_s=e.samples / max(e.seconds, 1e-9),
             )
         )
     net.eval()
@@ -346,5 +341,5 @@ def _all_in_cos(
         freeze,
         decision,
         prepared.profile_seconds,
-        extra={"server": meta, "wall_seconds": seconds},
+        extra={"server": meta.model_dump(mode="json"), "wall_seconds": seconds},
     )

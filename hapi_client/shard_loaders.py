@@ -147,7 +147,7 @@ def hapi_loader(
     verifier: PushdownVerifier | None = None,
 ) -> ShardLoader:
     """HAPI: the server runs layers ``[0, split)`` next to Swift and returns the features."""
-    spec = TransformSpec.from_transform(transform)
+    spec = TransformSpec.model_validate(transform)
     transform_key = spec.model_dump_json()
 
     def load(k: int) -> LoadedShard:

@@ -23,14 +23,14 @@ import torch
 
 from hapi_contract import (
     API_PREFIX,
-    BatchFrame,
-    EndFrame,
+    HEADER_METRICS,
     ExtractRequest,
+    FinetuneMetrics,
     FinetuneRequest,
-    FrameDecoder,
     FrameError,
     RemoteStreamError,
 )
+from hapi_contract.frames import BatchFrame, EndFrame, FrameDecoder
 
 from .bandwidth import BandwidthEstimator
 from .errors import DeliveryError, ServerError, ServerUnavailableError
@@ -236,16 +236,16 @@ class HapiTransport:
             cos_batch_sizes=list(end.meta.get("cos_batch_sizes", [])) if end.meta else [],
         )
 
-    def finetune(self, req: FinetuneRequest) -> tuple[bytes, dict[str, Any]]:
+    def finetune(self, req: FinetuneRequest) -> tuple[bytes, FinetuneMetrics]:
         body = req.model_dump(mode="json")
 
         def send(
             url: str, headers: dict[str, str]
-        ) -> tuple[bytes, dict[str, Any]] | httpx.Response:
+        ) -> tuple[bytes, FinetuneMetrics] | httpx.Response:
             resp = self._http.post(url, json=body, headers=headers)
             if resp.status_code != 200:
                 return resp
-            return resp.content, json.loads(resp.headers.get("x-hapi-metrics", "{}"))
+            return resp.content, FinetuneMetrics.model_validate_json(resp.headers[HEADER_METRICS])
 
         result, _ = self._request(
             f"fine-tuning on {req.container}", req.container, req.shards[0], "finetune", send

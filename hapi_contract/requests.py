@@ -53,6 +53,7 @@ __all__ = [
     "ProfileSpec",
     "TransformSpec",
     "WeightsRef",
+    "has_dot_segment",
 ]
 
 MAX_CONTAINER_NAME_BYTES = 256
@@ -91,6 +92,19 @@ OBJECT_NAME_PATTERN = rf"^{_SEGMENT}(?:/{_SEGMENT}?)*$"
 Empty segments (``a//b``, ``a/``) are allowed: Swift stores them as written and HTTP clients
 send them unchanged.
 """
+
+
+_DOT_SEGMENTS = frozenset({".", ".."})
+
+
+def has_dot_segment(name: str, *, segmented: bool = True) -> bool:
+    """Whether ``name`` is ``.`` or ``..`` (``segmented``: has such a ``/``-separated segment).
+
+    URL handling (HTTP clients, proxies, RFC 3986) resolves such segments, so a URL holding one
+    can reach another object than the one named and authorised: every side refuses them.
+    """
+    parts = name.split("/") if segmented else [name]
+    return any(part in _DOT_SEGMENTS for part in parts)
 
 
 def _name_problem(value: str, *, what: str) -> tuple[str, str]:

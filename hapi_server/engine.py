@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import hapi_models
 import torch
 
-from hapi_contract import Compression, FrameEncoder, OutputDtype
+from hapi_contract import Compression, OutputDtype
+from hapi_contract.frames import FrameEncoder
 
 from .devices import Device
 
@@ -25,6 +26,19 @@ log = logging.getLogger(__name__)
 
 class JobCancelled(Exception):
     """The job stopped early because its client went away."""
+
+
+class BatchExecutionError(RuntimeError):
+    """torch failed on a batch that every check accepted: the device could not run it.
+
+    torch 2.14 reports a failed CPU allocation as a bare ``RuntimeError`` (``[enforce fail at
+    alloc_cpu.cpp] DefaultCPUAllocator: can't allocate memory``), no subclass, unlike CUDA's
+    ``torch.OutOfMemoryError``. By the time a batch runs, the architecture and input size have
+    passed the meta-device profile (shape errors are a 422 before the stream), the weights have
+    loaded and every image has decoded (a bad one is ``ImageDecodeError``), so a RuntimeError
+    from the batch's tensor work is the device running out, in practice of memory. The engine
+    raises this type there, so that the status is chosen by type (507), not by message.
+    """
 
 
 @dataclass
@@ -81,15 +95,20 @@ def run_batch(
     The one per-batch step of both the HAPI server and the proxy filter's in-proxy execution.
     """
     stop = min(len(images), start + batch_size)
-    t0 = time.perf_counter()
-    x = transform.decode_batch(list(images[start:stop]), max_pixels=max_pixels)
-    t1 = time.perf_counter()
-    with torch.inference_mode():
-        y = head(x.to(device, non_blocking=True)).to("cpu")
-    t2 = time.perf_counter()
-    label_t = torch.tensor(list(labels[start:stop]), dtype=torch.int64)
-    frame = encoder.batch(y, label_t, offset=start, meta={"cos_batch_size": batch_size})
-    t3 = time.perf_counter()
+    try:
+        t0 = time.perf_counter()
+        x = transform.decode_batch(list(images[start:stop]), max_pixels=max_pixels)
+        t1 = time.perf_counter()
+        with torch.inference_mode():
+            y = head(x.to(device, non_blocking=True)).to("cpu")
+        t2 = time.perf_counter()
+        label_t = torch.tensor(list(labels[start:stop]), dtype=torch.int64)
+        frame = encoder.batch(y, label_t, offset=start, meta={"cos_batch_size": batch_size})
+        t3 = time.perf_counter()
+    except NotImplementedError:
+        raise  # an operator the device lacks: a fault of ours, not of the device's capacity
+    except RuntimeError as exc:
+        raise BatchExecutionError(str(exc)) from exc
     stats.decode_s += t1 - t0
     stats.compute_s += t2 - t1
     stats.encode_s += t3 - t2

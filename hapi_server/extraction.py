@@ -14,45 +14,20 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import cast
 
-import hapi_models
-
-from hapi_contract import ExtractRequest, FrameEncoder, ModelRef, TransformSpec
+from hapi_contract import ExtractRequest, ModelRef
+from hapi_contract.frames import FrameEncoder
 
 from .adaptation import DeviceScheduler, Reservation, make_demand, new_request_id
+from .core import admit_model, build_model, check_weights, input_transform, stream_error
 from .engine import ExtractionJob, JobCancelled, JobStats, run_extraction
-from .errors import ChecksumError, HapiServerError, InvalidRequestError
 from .estimates import model_footprint
-from .inputs import check_weights_size, parse_shard
+from .inputs import parse_shard
 from .state import ServerState
 from .swift_io import Caller, ObjectInfo
 from .weights_cache import CachedModel, CacheKey
 
 log = logging.getLogger(__name__)
-
-
-def to_transform(spec: TransformSpec) -> hapi_models.InputTransform:
-    return cast(hapi_models.InputTransform, spec.to_transform())
-
-
-def check_model(
-    ref: ModelRef, split: int | None = None, what: str = "split_index"
-) -> hapi_models.ModelSpec:
-    try:
-        spec = hapi_models.get_spec(ref.arch)
-    except hapi_models.UnknownModelError as exc:
-        raise InvalidRequestError(str(exc)) from exc
-    if split is not None and not 0 <= split <= spec.num_layers:
-        raise InvalidRequestError(
-            f"{what} {split} out of range for {ref.arch}: must be in [0, {spec.num_layers}]"
-        )
-    if ref.weights is None:
-        raise InvalidRequestError(
-            "model.weights is required: store the weights in Swift (`hapi upload model`) and name "
-            "them with their sha256, so the server and the client run the same network"
-        )
-    return spec
 
 
 @dataclass
@@ -68,20 +43,6 @@ class ModelPlan:
     """The cached model, pinned for this request (released by :func:`release_model`)."""
 
 
-def _check_weights(ref: ModelRef, size: int | None, max_bytes: int) -> None:
-    assert ref.weights is not None
-    fp = model_footprint(ref.arch, ref.num_classes)
-    check_weights_size(
-        size,
-        state_bytes=fp.state_bytes,
-        state_key_bytes=fp.state_key_bytes,
-        num_tensors=fp.num_tensors,
-        max_bytes=max_bytes,
-        what=f"weights {ref.weights.container}/{ref.weights.object}",
-        model=f"{ref.arch} with {ref.num_classes} classes",
-    )
-
-
 async def plan_model(
     state: ServerState, caller: Caller, ref: ModelRef, scheduler: DeviceScheduler
 ) -> ModelPlan:
@@ -94,7 +55,7 @@ async def plan_model(
     assert ref.weights is not None
     w = ref.weights
     max_bytes = state.settings.max_weights_bytes
-    _check_weights(ref, None, max_bytes)
+    check_weights(ref, None, max_bytes)
     # Authorise first, cache or not: a cached model is only handed to a caller who may read
     # the weights object, and only while that object is still the blob that was verified.
     info = await state.swift.head(caller, w.container, w.object)
@@ -103,7 +64,7 @@ async def plan_model(
     if entry is not None and entry.etag == info.etag:
         state.weights.acquire(entry)
         return ModelPlan(ref, key, info, 0, entry)
-    _check_weights(ref, info.size, max_bytes)
+    check_weights(ref, info.size, max_bytes)
     # The device memory the model will hold, planned before it is built. The blob itself is
     # transient host memory, bounded by max_weights_bytes and freed once the model is loaded.
     load_bytes = model_footprint(ref.arch, ref.num_classes).resident_bytes
@@ -121,29 +82,14 @@ async def load_planned(
     if plan.entry is not None:
         return plan.entry
     ref, w = plan.ref, plan.ref.weights
-    assert w is not None
+    assert w is not None  # admit_model ran first
     async with state.weights.lock_for(plan.key):
         entry = state.weights.lookup(plan.key)
         if entry is None or entry.etag != plan.info.etag:
             blob = await state.swift.get(
                 caller, w.container, w.object, max_bytes=state.settings.max_weights_bytes
             )
-            digest = hapi_models.sha256_hex(blob.data)
-            if digest != w.sha256:
-                raise ChecksumError(
-                    f"weights {w.container}/{w.object} have sha256 {digest}, "
-                    f"the request names {w.sha256}"
-                )
-
-            def build() -> hapi_models.SplittableModel:
-                try:
-                    model = hapi_models.get_model(
-                        ref.arch, num_classes=ref.num_classes, weights=blob.data
-                    )
-                except hapi_models.WeightsError as exc:
-                    raise InvalidRequestError(f"weights {w.container}/{w.object}: {exc}") from exc
-                return model.to(scheduler.device.torch_device).eval()
-
+            build = functools.partial(build_model, ref, blob.data, scheduler.device.torch_device)
             model = await asyncio.get_running_loop().run_in_executor(state.executor, build)
             entry = state.weights.insert(plan.key, model, blob.etag)
         state.weights.acquire(entry)
@@ -215,9 +161,9 @@ async def prepare(state: ServerState, caller: Caller, req: ExtractRequest) -> Pr
     """Everything refusable with a status, in cost order: cheap checks, reads, admission, load."""
     started = time.perf_counter()
     settings = state.settings
-    spec = check_model(req.model, req.split_index)
+    spec = admit_model(req.model, req.split_index)
     request_id = req.request_id or new_request_id()
-    transform = to_transform(req.transform)
+    transform = input_transform(req.transform)
     scheduler = state.pick_scheduler()
     if req.profile is not None and req.profile.num_layers != spec.num_layers:
         log.warning(
@@ -305,7 +251,7 @@ async def stream(state: ServerState, prep: PreparedExtraction) -> AsyncIterator[
         split=req.split_index,
         images=prep.images,
         labels=prep.labels,
-        transform=to_transform(req.transform),
+        transform=input_transform(req.transform),
         batch_size=prep.reservation.batch_size,
         device=prep.scheduler.device,
         dtype=req.output_dtype,
@@ -335,9 +281,10 @@ async def stream(state: ServerState, prep: PreparedExtraction) -> AsyncIterator[
         if isinstance(result, JobCancelled):
             return
         if isinstance(result, BaseException):
-            status = _error_status(result)
-            log.warning("%s failed after the response started: %s", prep.request_id, result)
-            yield encoder.error(int(status), _error_detail(result))
+            code, detail = stream_error(result)
+            status = str(code)
+            log.warning("%s failed after the response started: %r", prep.request_id, result)
+            yield encoder.error(code, detail)
             return
         if result.peak_bytes_per_sample is not None:
             state.estimator.observe(
@@ -372,23 +319,3 @@ async def stream(state: ServerState, prep: PreparedExtraction) -> AsyncIterator[
             # emit timeout). No await here: in the cancelled scope of a disconnected response
             # every await is cancelled again, which skipped the release and leaked the memory.
             future.add_done_callback(done)
-
-
-def _error_status(exc: BaseException) -> str:
-    if isinstance(exc, HapiServerError):
-        return str(exc.status)
-    if isinstance(exc, hapi_models.ImageDecodeError):
-        return "422"
-    if (
-        isinstance(exc, MemoryError)
-        or "out of memory" in str(exc).lower()
-        or "can't allocate" in str(exc)
-    ):
-        return "507"
-    return "500"
-
-
-def _error_detail(exc: BaseException) -> str:
-    if isinstance(exc, HapiServerError):
-        return exc.detail
-    return f"{type(exc).__name__}: {exc}"[:2000]

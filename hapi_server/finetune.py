@@ -2,7 +2,7 @@
 
 The server reads every shard as the caller, fine-tunes layers ``[freeze, n)`` with the same
 step as the client's modes (:mod:`hapi_models.finetune`) and returns the whole model's weights as
-safetensors, with per-epoch metrics in the ``X-Hapi-Metrics`` header (JSON).
+safetensors, with a :class:`hapi_contract.FinetuneMetrics` in the ``X-Hapi-Metrics`` header (JSON).
 """
 
 from __future__ import annotations
@@ -10,28 +10,22 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import hapi_models
 import torch
 
-from hapi_contract import FinetuneRequest, plan_epoch
+from hapi_contract import FinetuneEpoch, FinetuneMetrics, FinetuneRequest
+from hapi_contract.epochs import plan_epoch
 
 from .adaptation import make_demand, new_request_id
+from .core import admit_model, input_transform
 from .errors import InvalidRequestError, InvalidShardError, PayloadTooLargeError
 from .estimates import model_footprint
-from .extraction import (
-    check_model,
-    load_planned,
-    plan_model,
-    read_checked_shard,
-    release_model,
-    to_transform,
-)
+from .extraction import load_planned, plan_model, read_checked_shard, release_model
 from .state import ServerState
 from .swift_io import Caller
 
@@ -101,19 +95,17 @@ def _train(
     eval_labels: list[list[int]],
     device: torch.device,
     max_pixels: int,
-) -> tuple[bytes, list[dict[str, Any]]]:
+) -> tuple[bytes, list[FinetuneEpoch]]:
     """Train with the clients' epoch plan and step, so ALL_IN_COS computes what they compute."""
-    transform = to_transform(req.transform)
+    transform = input_transform(req.transform)
     freeze = req.freeze_index
     model.to(device)
     hapi_models.prepare_for_finetuning(model, freeze)
-    opt = hapi_models.OptimizerConfig(
-        req.optimizer.name, req.optimizer.lr, req.optimizer.momentum, req.optimizer.weight_decay
-    ).build(model.parameters())
+    opt = hapi_models.OptimizerConfig(**req.optimizer.model_dump()).build(model.parameters())
     torch.manual_seed(req.seed)  # dropout in the trained layers, seeded as the client's modes do
     head = model.head(freeze)
     tail = model.tail(freeze)
-    history: list[dict[str, Any]] = []
+    history: list[FinetuneEpoch] = []
 
     def batches(
         order: list[tuple[int, int]],
@@ -137,20 +129,24 @@ def _train(
         stats = hapi_models.train_batches(
             tail, batches(order, images, labels, list(req.shards)), opt, device
         )
-        record: dict[str, Any] = {
-            "epoch": epoch + 1,
-            "loss": stats.loss,
-            "train_accuracy": stats.accuracy,
-            "samples": stats.samples,
-            "seconds": round(time.perf_counter() - start, 3),
-        }
+        seconds = round(time.perf_counter() - start, 3)
+        eval_accuracy = None
         if eval_images:
             hapi_models.set_modes(model, freeze, training=False)
             ev_order = [(s, i) for s, shard in enumerate(eval_images) for i in range(len(shard))]
-            record["eval_accuracy"] = hapi_models.evaluate(
+            eval_accuracy = hapi_models.evaluate(
                 tail, batches(ev_order, eval_images, eval_labels, list(req.eval_shards)), device
             )
-        history.append(record)
+        history.append(
+            FinetuneEpoch(
+                epoch=epoch + 1,
+                loss=stats.loss,
+                train_accuracy=stats.accuracy,
+                samples=stats.samples,
+                seconds=seconds,
+                eval_accuracy=eval_accuracy,
+            )
+        )
     model.eval()
     return hapi_models.weights_to_bytes(model.to("cpu")), history
 
@@ -172,9 +168,9 @@ def _training_bytes(req: FinetuneRequest) -> int:
 
 async def run_finetune(
     state: ServerState, caller: Caller, req: FinetuneRequest
-) -> tuple[bytes, dict[str, Any]]:
+) -> tuple[bytes, FinetuneMetrics]:
     """Cheap checks, then the reads, then admission (model load included), then the work."""
-    spec = check_model(req.model, req.freeze_index, "freeze_index")
+    spec = admit_model(req.model, req.freeze_index, "freeze_index")
     if req.epochs > state.settings.max_finetune_epochs:
         raise InvalidRequestError(
             f"epochs {req.epochs} over the limit of {state.settings.max_finetune_epochs}"
@@ -182,7 +178,7 @@ async def run_finetune(
     request_id = req.request_id or new_request_id("ft")
     started = time.perf_counter()
     scheduler = state.pick_scheduler()
-    transform = to_transform(req.transform)
+    transform = input_transform(req.transform)
     est = state.estimator.estimate(
         req.model.arch,
         req.model.num_classes,
@@ -237,23 +233,19 @@ async def run_finetune(
         )
     finally:
         scheduler.release(reservation)
-    meta = {
-        "request_id": request_id,
-        "device": scheduler.device.name,
-        "epochs": history,
-        "server_seconds": round(time.perf_counter() - started, 3),
-        "samples": sum(map(len, images)),
-        "sha256": hapi_models.sha256_hex(blob),
-    }
+    metrics = FinetuneMetrics(
+        request_id=request_id,
+        device=scheduler.device.name,
+        epochs=history,
+        server_seconds=round(time.perf_counter() - started, 3),
+        samples=sum(map(len, images)),
+        sha256=hapi_models.sha256_hex(blob),
+    )
     log.info(
         "%s: fine-tuned %s for %d epochs in %.1f s",
         request_id,
         req.model.arch,
         req.epochs,
-        meta["server_seconds"],
+        metrics.server_seconds,
     )
-    return blob, meta
-
-
-def metrics_header(meta: dict[str, Any]) -> str:
-    return json.dumps(meta, separators=(",", ":"))
+    return blob, metrics

@@ -15,7 +15,7 @@ import warnings
 
 from PIL import Image, UnidentifiedImageError
 
-from hapi_contract import DatasetFormatError, read_shard
+from hapi_contract import DatasetFormatError, has_dot_segment, read_shard
 
 from .errors import (
     InvalidNameError,
@@ -26,8 +26,6 @@ from .errors import (
 
 __all__ = ["check_images", "check_swift_name", "check_weights_size", "parse_shard"]
 
-_DOT_SEGMENTS = frozenset({".", ".."})
-
 
 def check_swift_name(value: str, what: str, *, segmented: bool = False) -> None:
     """Refuse ``.`` and ``..`` as a name (``segmented``: as any ``/``-separated segment of it).
@@ -36,8 +34,7 @@ def check_swift_name(value: str, what: str, *, segmented: bool = False) -> None:
     another object than the one named (and authorised). Refusing them keeps "the object that
     is authorised" and "the object that is read" the same bytes.
     """
-    parts = value.split("/") if segmented else [value]
-    if any(part in _DOT_SEGMENTS for part in parts):
+    if has_dot_segment(value, segmented=segmented):
         raise InvalidNameError(
             f"{what} name {value!r} has a '.' or '..' path segment; such names are refused "
             "because a URL holding them can name another object"

@@ -10,13 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from hapi_contract import CONTENT_TYPE_FRAMES, ErrorBody
+from hapi_contract import CONTENT_TYPE_FRAMES, ErrorBody, Health
 
 __all__ = [
-    "DeviceHealth",
-    "Health",
     "extract_responses",
     "finetune_responses",
     "health_responses",
@@ -80,7 +76,7 @@ def _headers(*names: str) -> dict[str, Any]:
 def extract_responses() -> dict[int | str, dict[str, Any]]:
     return {
         200: {
-            "description": "the framed feature stream (see `hapi_contract.frames`)",
+            "description": "the framed feature stream (layout: `docs/frames.md`)",
             "content": {CONTENT_TYPE_FRAMES: _BINARY},
             "headers": _headers(
                 "X-Hapi-Request-Id", "X-Hapi-Device", "X-Hapi-Cos-Batch-Size", "X-Hapi-Samples"
@@ -93,8 +89,8 @@ def extract_responses() -> dict[int | str, dict[str, Any]]:
 def finetune_responses() -> dict[int | str, dict[str, Any]]:
     return {
         200: {
-            "description": "the trained model's weights (safetensors); per-epoch metrics in "
-            "`X-Hapi-Metrics` (JSON)",
+            "description": "the trained model's weights (safetensors); the run's `FinetuneMetrics` "
+            "in `X-Hapi-Metrics` (JSON)",
             "content": {"application/octet-stream": _BINARY},
             "headers": _headers("X-Hapi-Metrics", "X-Hapi-Sha256"),
         },
@@ -114,29 +110,6 @@ def metrics_responses() -> dict[int | str, dict[str, Any]]:
         },
         **_errors({}),
     }
-
-
-class DeviceHealth(BaseModel):
-    """One device's memory and load as the batch adaptation sees it."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    total_bytes: int = Field(ge=0)
-    free_bytes: int = Field(ge=0)
-    load: int = Field(ge=0, description="requests waiting or running on the device")
-
-
-class Health(BaseModel):
-    """``GET /healthz``: 200 when Swift answers its healthcheck, 503 (same body) when not."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    status: str = Field(pattern="^(ok|degraded)$")
-    swift: bool
-    swift_url: str
-    adaptation: bool
-    devices: list[DeviceHealth]
 
 
 def health_responses() -> dict[int | str, dict[str, Any]]:

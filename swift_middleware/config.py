@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -98,6 +98,17 @@ class FilterConfig(BaseModel):
         if not _DEVICE.match(value):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {value!r}")
         return value
+
+    @classmethod
+    def from_paste(
+        cls, global_conf: Mapping[str, Any], local_conf: Mapping[str, Any]
+    ) -> FilterConfig:
+        """The options as Swift's own middlewares read them: ``global_conf``, then the filter's
+        section over it. ``[DEFAULT]`` holds the whole proxy's options, so only ours are taken
+        from there; in the filter's own section an unknown option is refused (a typo)."""
+        merged: dict[str, Any] = {k: v for k, v in global_conf.items() if k in cls.model_fields}
+        merged.update(local_conf)
+        return cls.from_conf(merged)
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, object]) -> FilterConfig:

@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 from swift.common.swob import Request, wsgi_to_str
 
+from hapi_contract import CONTENT_TYPE_HAPI_REQUEST, HEADER_HAPI_REQUEST, has_dot_segment
 from swift_middleware.errors import BadHapiRequestError
 
 __all__ = [
@@ -30,12 +31,6 @@ __all__ = [
     "parse_hapi_request",
 ]
 
-HEADER_HAPI_REQUEST = "X-Hapi-Request"
-"""The header that turns a POST to an object into a HAPI request; its value names the operation."""
-
-CONTENT_TYPE_HAPI_REQUEST = "application/x-hapi-request+json"
-"""A content type that marks a HAPI request on its own (operation ``extract``)."""
-
 OPERATIONS = ("extract",)
 """The operations the filter serves."""
 
@@ -43,8 +38,6 @@ _JSON_TYPES = ("application/json", CONTENT_TYPE_HAPI_REQUEST)
 
 MAX_JSON_DEPTH = 32
 """Deepest nesting of arrays and objects a HAPI request body may have (a real one has 4)."""
-
-_DOT_SEGMENTS = frozenset({".", ".."})
 
 
 def object_path(account: str, container: str, obj: str) -> str:
@@ -154,7 +147,7 @@ def check_swift_names(**names: str) -> None:
     the HAPI server's Swift reader), while Swift's ACL check ran on the name as written.
     """
     for what, value in names.items():
-        if any(part in _DOT_SEGMENTS for part in value.split("/")):
+        if has_dot_segment(value):
             raise BadHapiRequestError(
                 f"{what} name {value!r} has a '.' or '..' path segment; such names are refused "
                 "because a URL holding them can name another object",

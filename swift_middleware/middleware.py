@@ -59,31 +59,38 @@ model_cache_size            2            in_proxy: verified models kept loaded
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import quote
 
 from swift.common.registry import register_swift_info
 from swift.common.swob import Request, Response
+from swift.common.utils import get_logger
 
+from hapi_contract import (
+    CONTENT_TYPE_FRAMES,
+    CONTENT_TYPE_HAPI_REQUEST,
+    HEADER_AUTH_TOKEN,
+    HEADER_EXECUTION,
+    HEADER_HAPI_REQUEST,
+    HEADER_STORAGE_URL,
+)
 from swift_middleware.config import Execution, FilterConfig
 from swift_middleware.errors import HapiResponseError
 from swift_middleware.hapi_request import (
-    CONTENT_TYPE_HAPI_REQUEST,
-    HEADER_HAPI_REQUEST,
     OPERATIONS,
     HapiRequest,
     is_hapi_request,
     parse_hapi_request,
 )
-from swift_middleware.in_proxy import CONTENT_TYPE_FRAMES, InProxyExtractor
-from swift_middleware.swift_access import WsgiApp, authorize_read
+from swift_middleware.in_proxy import InProxyExtractor
+from swift_middleware.swift_access import Logger, WsgiApp, authorize_read
 from swift_middleware.upstream import ServerPool, forward
 
 __all__ = ["HapiMiddleware", "filter_factory", "json_error"]
 
-logger = logging.getLogger(__name__)
+LOG_ROUTE = "hapi"
+"""The filter's route in the proxy's logging (``get_logger``'s ``log_route``)."""
 
 
 def json_error(exc: HapiResponseError) -> Response:
@@ -97,18 +104,24 @@ def json_error(exc: HapiResponseError) -> Response:
 class HapiMiddleware:
     """The WSGI filter; see the module docstring. ``app`` is the rest of the proxy pipeline."""
 
-    def __init__(self, app: WsgiApp, config: FilterConfig) -> None:
+    def __init__(
+        self, app: WsgiApp, config: FilterConfig, conf: Mapping[str, Any] | None = None
+    ) -> None:
+        """``conf``: the merged paste options, for Swift's logger (``log_name``, ``log_level``,
+        ``log_facility``...), so the filter logs where the proxy does, with transaction ids."""
         self.app = app
         self.config = config
+        self.logger: Logger = get_logger(dict(conf or {}), log_route=LOG_ROUTE)
         self.pool: ServerPool | None = None
         self.in_proxy: InProxyExtractor | None = None
         if config.execution is Execution.IN_PROXY:
-            self.in_proxy = InProxyExtractor(config, app)
+            self.in_proxy = InProxyExtractor(config, app, self.logger)
         else:
             self.pool = ServerPool(
                 config.hapi_servers,
                 interval=config.health_check_interval,
                 timeout=config.health_timeout,
+                logger=self.logger,
             )
 
     def __call__(self, env: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -118,7 +131,7 @@ class HapiMiddleware:
         try:
             resp = self.handle(req)
         except HapiResponseError as exc:
-            logger.info(
+            self.logger.info(
                 "HAPI request %s %s refused: %s %s", req.method, req.path, exc.status, exc.detail
             )
             resp = json_error(exc)
@@ -138,11 +151,11 @@ class HapiMiddleware:
         headers = {
             "Content-Type": "application/json",
             "Accept": f"{CONTENT_TYPE_FRAMES}, application/json",
-            "X-Storage-Url": f"{base}/v1/{quote(hapi.account, safe='')}",
+            HEADER_STORAGE_URL: f"{base}/v1/{quote(hapi.account, safe='')}",
         }
-        token = req.headers.get("X-Auth-Token") or req.headers.get("X-Storage-Token")
+        token = req.headers.get(HEADER_AUTH_TOKEN) or req.headers.get("X-Storage-Token")
         if token:
-            headers["X-Auth-Token"] = token
+            headers[HEADER_AUTH_TOKEN] = token
         trans_id = req.environ.get("swift.trans_id")
         if trans_id:
             headers["X-Trans-Id"] = str(trans_id)
@@ -154,19 +167,23 @@ class HapiMiddleware:
             node_timeout=self.config.node_timeout,
             retry_after=self.config.retry_after,
         )
-        logger.debug("HAPI %s -> %s: %d", req.path, upstream.server, upstream.status)
+        self.logger.debug("HAPI %s -> %s: %d", req.path, upstream.server, upstream.status)
         # eventlet.wsgi buffers writes below 4 KiB; frames should leave as they arrive.
         req.environ["eventlet.minimum_write_chunk_size"] = 0
         return Response(
             status=f"{upstream.status} {upstream.reason}",
-            headers=[*upstream.headers, ("X-Hapi-Execution", "decoupled")],
+            headers=[*upstream.headers, (HEADER_EXECUTION, Execution.DECOUPLED.value)],
             app_iter=upstream.body,
         )
 
 
 def filter_factory(global_conf: dict[str, Any], **local_conf: Any) -> Callable[[WsgiApp], Any]:
-    """Paste entry point (``use = egg:hapi#hapi``); checks the options at proxy start."""
-    config = FilterConfig.from_conf(local_conf)
+    """Paste entry point (``use = egg:hapi#hapi``); checks the options at proxy start.
+
+    As Swift's own middlewares do, the options are ``global_conf`` with ``local_conf`` over it.
+    """
+    conf = {**global_conf, **local_conf}
+    config = FilterConfig.from_paste(global_conf, local_conf)
     register_swift_info(
         "hapi",
         execution=config.execution.value,
@@ -180,6 +197,6 @@ def filter_factory(global_conf: dict[str, Any], **local_conf: Any) -> Callable[[
         register_swift_info("hapi", admin=True, hapi_servers=config.hapi_servers)
 
     def hapi_filter(app: WsgiApp) -> HapiMiddleware:
-        return HapiMiddleware(app, config)
+        return HapiMiddleware(app, config, conf)
 
     return hapi_filter

@@ -7,8 +7,9 @@ exactly as they would for the caller's own GET. Nothing here is pre-authorised.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeAlias
 
 from swift.common.http import is_success
 from swift.common.swob import Response
@@ -17,12 +18,16 @@ from swift.common.wsgi import make_subrequest
 
 from swift_middleware.errors import BadHapiRequestError, SwiftDeniedError
 
-__all__ = ["SWIFT_SOURCE", "WsgiApp", "authorize_read", "read_object", "stat_object"]
+__all__ = ["SWIFT_SOURCE", "Logger", "WsgiApp", "authorize_read", "read_object", "stat_object"]
 
 SWIFT_SOURCE = "HAPI"
 """How the proxy log marks the filter's subrequests."""
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+Logger: TypeAlias = "logging.Logger | logging.LoggerAdapter[logging.Logger]"
+"""What the filter logs to: Swift's ``get_logger`` adapter (proxy log routing, transaction
+ids) in the proxy; any logger in a unit test."""
 
 _CODES = {401: "unauthorized", 403: "forbidden", 404: "not_found"}
 

@@ -15,14 +15,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from hapi_contract import EXTRACT_PATH, HEALTH_PATH
 from swift_middleware.errors import NoHapiServerError, UpstreamError
+from swift_middleware.swift_access import Logger
 
 __all__ = ["HapiServer", "ServerPool", "StreamedBody", "UpstreamResponse", "forward"]
 
-logger = logging.getLogger(__name__)
+_default_logger = logging.getLogger(__name__)
 
-HEALTH_PATH = "/healthz"
-EXTRACT_PATH = "/v1/extract"
 CHUNK_SIZE = 64 * 1024
 # What of a HAPI server's answer reaches the Swift client; hop-by-hop and server-identifying
 # headers stay behind (the proxy frames the body itself).
@@ -77,6 +77,7 @@ class ServerPool:
         timeout: float,
         clock: Callable[[], float] = time.monotonic,
         probe: Callable[[str, float], str | None] = probe_health,
+        logger: Logger = _default_logger,
     ) -> None:
         if not urls:
             raise ValueError("a ServerPool needs at least one server")
@@ -85,6 +86,7 @@ class ServerPool:
         self._timeout = timeout
         self._clock = clock
         self._probe = probe
+        self.logger = logger
         self._next = 0
         self._lock = threading.Lock()
 
@@ -102,7 +104,7 @@ class ServerPool:
         server.healthy, server.checked_at = reason is None, self._clock()
         server.reason = reason or "healthy"
         if reason is not None:
-            logger.warning("HAPI server %s is down: %s", server.url, reason)
+            self.logger.warning("HAPI server %s is down: %s", server.url, reason)
 
     def candidates(self) -> Iterator[HapiServer]:
         """Healthy servers, the round-robin one first; checks health lazily as it goes."""
@@ -119,7 +121,7 @@ class ServerPool:
     def mark_down(self, server: HapiServer, reason: str) -> None:
         """Take ``server`` out of the rotation until its next health check."""
         server.healthy, server.checked_at, server.reason = False, self._clock(), reason
-        logger.warning("HAPI server %s failed: %s", server.url, reason)
+        self.logger.warning("HAPI server %s failed: %s", server.url, reason)
 
     def unavailable(self, retry_after: int) -> NoHapiServerError:
         """The 503 to answer when no server could take a request."""
@@ -137,9 +139,15 @@ class StreamedBody:
     lacks its end frame.
     """
 
-    def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
+    def __init__(
+        self,
+        conn: http.client.HTTPConnection,
+        resp: http.client.HTTPResponse,
+        logger: Logger = _default_logger,
+    ) -> None:
         self._conn = conn
         self._resp = resp
+        self._logger = logger
         self.bytes_sent = 0
 
     def __iter__(self) -> Iterator[bytes]:
@@ -151,7 +159,7 @@ class StreamedBody:
                 self.bytes_sent += len(data)
                 yield data
         except (OSError, http.client.HTTPException) as exc:
-            logger.warning("HAPI stream cut after %d bytes: %r", self.bytes_sent, exc)
+            self._logger.warning("HAPI stream cut after %d bytes: %r", self.bytes_sent, exc)
         finally:
             self.close()
 
@@ -212,7 +220,7 @@ def forward(
             ) from exc
         passed = [(k, v) for k, v in resp.getheaders() if _passes(k, resp)]
         return UpstreamResponse(
-            server.url, resp.status, resp.reason, passed, StreamedBody(conn, resp)
+            server.url, resp.status, resp.reason, passed, StreamedBody(conn, resp, pool.logger)
         )
     raise pool.unavailable(retry_after)
 

@@ -1,0 +1,145 @@
+"""The extraction core: what the HAPI server and the Swift filter's in-proxy execution share.
+
+Model admission (:func:`admit_model`, :func:`check_weights`, :func:`build_model`), the input
+transform of a request (:func:`input_transform`), the response headers (:func:`extract_headers`)
+and how a failure after the status line becomes an error frame (:func:`stream_error`). Together
+with :mod:`hapi_server.inputs` (shard and image checks) and :mod:`hapi_server.engine` (head
+execution and frame encoding) this is everything an extraction is, with no web framework and no
+event loop: the server adds FastAPI routes and its memory scheduling, the filter its WSGI glue
+and the proxy's thread pool. Both answer the same bad input with the same status and code
+because they both call these functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import hapi_models
+import torch
+
+from hapi_contract import (
+    HEADER_COS_BATCH_SIZE,
+    HEADER_DEVICE,
+    HEADER_REQUEST_ID,
+    HEADER_SAMPLES,
+    ModelRef,
+    TransformSpec,
+)
+
+from .engine import BatchExecutionError
+from .errors import (
+    ChecksumError,
+    HapiServerError,
+    InsufficientMemoryError,
+    InvalidRequestError,
+    InvalidShardError,
+)
+from .estimates import model_footprint
+from .inputs import check_weights_size
+
+__all__ = [
+    "admit_model",
+    "build_model",
+    "check_weights",
+    "extract_headers",
+    "input_transform",
+    "stream_error",
+    "validation_detail",
+]
+
+
+def input_transform(spec: TransformSpec) -> hapi_models.InputTransform:
+    """The transform a request's ``transform`` describes (``grayscale_to_rgb`` is always on)."""
+    return hapi_models.InputTransform(**spec.model_dump(include={"resize", "crop", "mean", "std"}))
+
+
+def admit_model(
+    ref: ModelRef, split: int | None = None, what: str = "split_index"
+) -> hapi_models.ModelSpec:
+    """The architecture's spec, if the request may run it: a known architecture, ``split``
+    within its layers, and weights named (422 otherwise)."""
+    try:
+        spec = hapi_models.get_spec(ref.arch)
+    except hapi_models.UnknownModelError as exc:
+        raise InvalidRequestError(str(exc)) from exc
+    if split is not None and not 0 <= split <= spec.num_layers:
+        raise InvalidRequestError(
+            f"{what} {split} out of range for {ref.arch}: must be in [0, {spec.num_layers}]"
+        )
+    if ref.weights is None:
+        raise InvalidRequestError(
+            "model.weights is required: store the weights in Swift (`hapi upload model`) and name "
+            "them with their sha256, so the server and the client run the same network"
+        )
+    return spec
+
+
+def _weights_name(ref: ModelRef) -> str:
+    assert ref.weights is not None  # admit_model ran first
+    return f"weights {ref.weights.container}/{ref.weights.object}"
+
+
+def check_weights(ref: ModelRef, size: int | None, max_bytes: int) -> None:
+    """Refuse the weights by size alone (``size`` None: the model's own size only), before a
+    byte is read or a model built: 413 over ``max_bytes``, 422 for another model's weights."""
+    fp = model_footprint(ref.arch, ref.num_classes)
+    check_weights_size(
+        size,
+        state_bytes=fp.state_bytes,
+        state_key_bytes=fp.state_key_bytes,
+        num_tensors=fp.num_tensors,
+        max_bytes=max_bytes,
+        what=_weights_name(ref),
+        model=f"{ref.arch} with {ref.num_classes} classes",
+    )
+
+
+def build_model(ref: ModelRef, blob: bytes, device: torch.device) -> hapi_models.SplittableModel:
+    """The model of ``blob`` on ``device`` in eval mode, once its sha256 is the one the request
+    names (409 otherwise) and it loads as the architecture's weights (422 otherwise)."""
+    assert ref.weights is not None
+    digest = hapi_models.sha256_hex(blob)
+    if digest != ref.weights.sha256:
+        raise ChecksumError(
+            f"{_weights_name(ref)} have sha256 {digest}, the request names {ref.weights.sha256}"
+        )
+    try:
+        model = hapi_models.get_model(ref.arch, num_classes=ref.num_classes, weights=blob)
+    except hapi_models.WeightsError as exc:
+        raise InvalidRequestError(f"{_weights_name(ref)}: {exc}") from exc
+    return model.to(device).eval()
+
+
+def extract_headers(request_id: str, device: str, batch_size: int, samples: int) -> dict[str, str]:
+    """The headers of an extraction's 200: what the server decided for the request."""
+    return {
+        HEADER_REQUEST_ID: request_id,
+        HEADER_DEVICE: device,
+        HEADER_COS_BATCH_SIZE: str(batch_size),
+        HEADER_SAMPLES: str(samples),
+    }
+
+
+def stream_error(exc: BaseException) -> tuple[int, str]:
+    """The status and detail of the error frame for a failure after the status line went out.
+
+    Chosen by type alone: the server's own errors keep theirs; an image body that does not
+    decode is 422; memory that ran out is 507 (``torch.OutOfMemoryError`` from CUDA,
+    ``MemoryError`` from Python or Pillow, and :class:`~hapi_server.engine.BatchExecutionError`,
+    see there); anything else is 500.
+    """
+    if isinstance(exc, HapiServerError):
+        return exc.status, exc.detail
+    detail = f"{type(exc).__name__}: {exc}"[:2000]
+    if isinstance(exc, hapi_models.ImageDecodeError):
+        return InvalidShardError.status, detail
+    if isinstance(exc, torch.OutOfMemoryError | MemoryError | BatchExecutionError):
+        return InsufficientMemoryError.status, detail
+    return 500, detail
+
+
+def validation_detail(errors: Sequence[Mapping[str, Any]]) -> str:
+    """The ``detail`` of a 422 for a request that fails its schema: the first five problems."""
+    parts = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in errors[:5]]
+    return "; ".join(parts) or "invalid request"

@@ -1,0 +1,62 @@
+"""``POST /v1/extract``: run a model's head over one shard and stream the features."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from hapi_contract import CONTENT_TYPE_FRAMES, EXTRACT_PATH, ExtractRequest
+
+from .. import extraction, route_docs
+from ..core import extract_headers
+from ..deps import CallerDep, StateDep
+
+router = APIRouter()
+
+
+class _ReleasingStreamingResponse(StreamingResponse):
+    """Calls ``on_close`` when the response is over, however it ended.
+
+    Starlette can end a response before it starts the body iterator (sending the status line to
+    a client that is gone, a cancelled task group), so the generator's ``finally`` alone cannot
+    be trusted to release what the request holds.
+    """
+
+    def __init__(self, *args: Any, on_close: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+            # Close a stream left suspended by a disconnect now, not whenever it is collected.
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+# A response class without a media type, so that FastAPI files the ErrorBody answers under
+# application/json (see route_docs).
+@router.post(
+    EXTRACT_PATH, response_class=StreamingResponse, responses=route_docs.extract_responses()
+)
+async def extract(req: ExtractRequest, state: StateDep, caller: CallerDep) -> StreamingResponse:
+    """Run layers ``[0, split_index)`` over one shard and stream the features."""
+    prep = await extraction.prepare(state, caller, req)
+    return _ReleasingStreamingResponse(
+        extraction.stream(state, prep),
+        on_close=lambda: extraction.abandon(state, prep),
+        media_type=CONTENT_TYPE_FRAMES,
+        headers=extract_headers(
+            prep.request_id,
+            prep.scheduler.device.name,
+            prep.reservation.batch_size,
+            len(prep.images),
+        ),
+    )

@@ -1,4 +1,9 @@
-"""Compute devices and their memory: NVML and torch on a GPU, a configured budget on a CPU."""
+"""Compute devices and their memory: NVML and torch on a GPU, a configured budget on a CPU.
+
+torch numbers the GPUs it sees (``CUDA_VISIBLE_DEVICES`` filters and reorders them) and NVML
+numbers every GPU of the machine, so the two indices name the same GPU only by chance. A torch
+device is matched to its NVML device by UUID, which both report.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +22,8 @@ class Device:
     name: str
     """torch device string: ``cpu`` or ``cuda:N``."""
     total_bytes: int
-    nvml_index: int | None = None
+    nvml_uuid: str | None = None
+    """NVML's UUID of this GPU (``GPU-...``), when NVML knows it."""
 
     @property
     def torch_device(self) -> torch.device:
@@ -28,8 +34,9 @@ class Device:
         return self.name.startswith("cuda")
 
 
-def _nvml_totals() -> dict[int, int]:
-    """GPU index -> total memory in bytes; empty when NVML is missing (CPU mode, said once)."""
+def _nvml_totals() -> dict[str, int]:
+    """NVML UUID -> total memory in bytes, of every GPU of the machine; empty when NVML is
+    missing (CPU mode, said once)."""
     try:
         import pynvml
     except ImportError:
@@ -42,8 +49,20 @@ def _nvml_totals() -> dict[int, int]:
     totals = {}
     for i in range(pynvml.nvmlDeviceGetCount()):
         handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-        totals[i] = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+        totals[_text(pynvml.nvmlDeviceGetUUID(handle))] = int(
+            pynvml.nvmlDeviceGetMemoryInfo(handle).total
+        )
     return totals
+
+
+def _text(value: str | bytes) -> str:
+    # pynvml answers bytes in older releases and str in newer ones.
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def torch_uuid(index: int) -> str:
+    """The NVML-style UUID (``GPU-xxxxxxxx-...``) of torch's GPU ``index``."""
+    return f"GPU-{torch.cuda.get_device_properties(index).uuid}"
 
 
 def discover_devices(settings: ServerSettings) -> list[Device]:
@@ -61,21 +80,23 @@ def discover_devices(settings: ServerSettings) -> list[Device]:
             raise ValueError(
                 f"device {name} is not available (torch sees {torch.cuda.device_count()} GPUs)"
             )
-        total = nvml.get(index) or torch.cuda.get_device_properties(index).total_memory
+        uuid = torch_uuid(index)
+        total = nvml.get(uuid) or torch.cuda.get_device_properties(index).total_memory
         if settings.gpu_memory_limit_bytes is not None:
             total = min(total, settings.gpu_memory_limit_bytes)
-        devices.append(Device(name, int(total), index if index in nvml else None))
+        devices.append(Device(name, int(total), uuid if uuid in nvml else None))
     return devices
 
 
 def external_used_bytes(device: Device) -> int:
     """GPU memory used by other processes (NVML used minus what this process's torch reserved)."""
-    if not device.is_cuda or device.nvml_index is None:
+    if not device.is_cuda or device.nvml_uuid is None:
         return 0
     import pynvml
 
     try:
-        info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(device.nvml_index))
+        handle = pynvml.nvmlDeviceGetHandleByUUID(device.nvml_uuid)
+        info = pynvml.nvmlDeviceGetMemoryInfo(handle)
     except pynvml.NVMLError:
         return 0
     own = torch.cuda.memory_reserved(device.torch_device)

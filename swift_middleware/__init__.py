@@ -17,7 +17,6 @@ request format and every option. Importing this package does not import torch.
 from swift_middleware.config import Execution, FilterConfig
 from swift_middleware.errors import (
     BadHapiRequestError,
-    ChecksumError,
     FilterConfigError,
     HapiMiddlewareError,
     HapiResponseError,
@@ -41,7 +40,6 @@ __all__ = [
     "HEADER_HAPI_REQUEST",
     "OPERATIONS",
     "BadHapiRequestError",
-    "ChecksumError",
     "Execution",
     "FilterConfig",
     "FilterConfigError",

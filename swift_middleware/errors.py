@@ -1,14 +1,15 @@
 """Exceptions of :mod:`swift_middleware`.
 
 Every error the filter answers with carries its HTTP status and a machine ``code``; the filter
-turns it into a JSON body ``{"detail": ..., "code": ...}`` (the contract's ``ErrorBody``)::
+turns it into a JSON body ``{"detail": ..., "code": ...}`` (the contract's ``ErrorBody``). In
+``in_proxy`` execution the extraction core's own refusals (``hapi_server.errors``) are answered
+as a ``HapiResponseError`` with their status and code unchanged::
 
     HapiMiddlewareError
     ├── FilterConfigError      a bad option in the proxy's [filter:hapi] section (startup)
     └── HapiResponseError      anything answered to a client with a status
         ├── BadHapiRequestError     malformed HAPI request (400, 405, 411, 413, 415, 422)
         ├── SwiftDeniedError        the caller may not read the object (401, 403, 404, ...)
-        ├── ChecksumError           weights do not have the sha256 the request names (409)
         ├── NoHapiServerError       every configured HAPI server is down (503)
         └── UpstreamError           a HAPI server failed mid-request (502)
 """
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 __all__ = [
     "BadHapiRequestError",
-    "ChecksumError",
     "FilterConfigError",
     "HapiMiddlewareError",
     "HapiResponseError",
@@ -65,15 +65,16 @@ class BadHapiRequestError(HapiResponseError):
 
 
 class SwiftDeniedError(HapiResponseError):
-    """Swift refused the caller's read of an object (its status is passed on as it is)."""
+    """Swift refused the caller's read of an object.
 
-    status, code = 403, "forbidden"
+    The status and code are per instance, Swift's own (401, 403, 404, ...), passed on as they
+    are so that a client sees what a plain GET would have answered.
+    """
 
-
-class ChecksumError(HapiResponseError):
-    """The weights object does not have the sha256 the request names."""
-
-    status, code = 409, "sha256_mismatch"
+    def __init__(
+        self, detail: str, *, status: int, code: str, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(detail, status=status, code=code, headers=headers)
 
 
 class NoHapiServerError(HapiResponseError):

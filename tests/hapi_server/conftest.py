@@ -11,14 +11,12 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import hapi_models
-import httpx
 import numpy as np
 import pytest
 import torch
@@ -27,6 +25,7 @@ from swiftclient.client import Connection
 
 from hapi_contract import write_shard
 from hapi_stack import RunningStack
+from tests.readiness import ready
 
 DATA = "hapi-test-data"
 MODELS = "hapi-test-models"
@@ -85,19 +84,8 @@ def start_server(
         preexec_fn=preexec,  # noqa: PLW1509
     )
     server = ServerProcess(f"http://127.0.0.1:{port}", proc, log)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"hapi-server exited with {proc.returncode}:\n{server.log_tail()}")
-        try:
-            # ready_status=503: the ready answer of a server whose Swift is down on purpose.
-            if httpx.get(f"{server.url}/healthz", timeout=2).status_code == ready_status:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)  # polling a condition with a deadline, not standing in for one
-    server.stop()
-    raise RuntimeError(f"hapi-server did not become healthy:\n{server.log_tail()}")
+    # ready_status=503: the ready answer of a server whose Swift is down on purpose.
+    return ready(server, proc, "/healthz", timeout=120, status=ready_status)
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,8 @@ import numpy as np
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
-from hapi_contract import BatchFrame, EndFrame, ErrorBody, FrameDecoder
+from hapi_contract import ErrorBody
+from hapi_contract.frames import BatchFrame, EndFrame, FrameDecoder
 from hapi_stack import RunningStack
 
 from .conftest import DATA, Dataset, ServerProcess, shard_bytes

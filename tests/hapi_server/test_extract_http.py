@@ -7,7 +7,7 @@ import httpx
 import pytest
 import torch
 
-from hapi_contract import BatchFrame, FrameDecoder
+from hapi_contract.frames import BatchFrame, FrameDecoder
 from hapi_stack import RunningStack
 
 from .conftest import SIDE, Dataset, ServerProcess, local_model

@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
-from hapi_contract import FrameDecoder, RemoteStreamError
+from hapi_contract import RemoteStreamError
+from hapi_contract.frames import FrameDecoder
 from hapi_stack import RunningStack
 
 from .conftest import MODELS, Dataset, ServerProcess, free_port, make_images, shard_bytes

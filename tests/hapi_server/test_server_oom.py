@@ -35,7 +35,8 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from hapi_contract import FrameDecoder, RemoteStreamError, TruncatedStreamError
+from hapi_contract import RemoteStreamError, TruncatedStreamError
+from hapi_contract.frames import FrameDecoder
 from hapi_stack import RunningStack
 
 from .conftest import Dataset, ServerProcess, make_images

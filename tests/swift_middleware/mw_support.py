@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,9 +11,10 @@ from typing import Any
 import httpx
 import torch
 
-from hapi_contract import BatchFrame, EndFrame, FrameDecoder
+from hapi_contract.frames import BatchFrame, EndFrame, FrameDecoder
 from hapi_stack import RunningStack, render_proxy_conf
 from tests.hapi_server.conftest import ServerProcess, free_port
+from tests.readiness import ready
 
 MW_DATA = "hapi-mw-data"
 MW_MODELS = "hapi-mw-models"
@@ -50,18 +50,7 @@ def start_proxy(stack: RunningStack, work_dir: Path, options: dict[str, str]) ->
         [str(program), str(conf), "-v"], stdout=log.open("wb"), stderr=subprocess.STDOUT
     )
     proxy = ProxyProcess(f"http://127.0.0.1:{port}", proc, log)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"proxy exited with {proc.returncode}:\n{proxy.log_tail()}")
-        try:
-            if httpx.get(f"{proxy.url}/healthcheck", timeout=2).status_code == 200:
-                return proxy
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)  # polling a condition with a deadline
-    proxy.stop()
-    raise RuntimeError(f"proxy did not become healthy:\n{proxy.log_tail()}")
+    return ready(proxy, proc, "/healthcheck", timeout=60, poll_s=0.1)
 
 
 @dataclass

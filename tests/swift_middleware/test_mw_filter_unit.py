@@ -4,6 +4,7 @@ servers in threads (unit tests: no Swift here; the integration tests use the rea
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -15,7 +16,12 @@ import pytest
 from swift.common.registry import get_swift_info
 from swift.common.swob import HTTPForbidden, HTTPNoContent, HTTPOk, Request
 
-from swift_middleware import CONTENT_TYPE_HAPI_REQUEST, HapiMiddleware, filter_factory
+from swift_middleware import (
+    CONTENT_TYPE_HAPI_REQUEST,
+    FilterConfigError,
+    HapiMiddleware,
+    filter_factory,
+)
 
 OBJ = "/v1/AUTH_test/data/shards/shard-000000.tar"
 HAPI = {"X-Hapi-Request": "extract", "X-Auth-Token": "AUTH_tk123"}
@@ -312,3 +318,48 @@ def test_info_advertises_the_filter() -> None:
     assert get_swift_info(admin=True)["admin"]["hapi"]["hapi_servers"] == [
         "http://127.0.0.1:8090"
     ]
+
+
+# The proxy's [DEFAULT] options as paste hands them over: the whole proxy's, not only ours.
+PROXY_DEFAULTS = {"__file__": "/etc/swift/proxy-server.conf", "bind_port": "8080", "workers": "2"}
+
+
+def test_options_are_global_conf_then_local_conf() -> None:
+    app = filter_factory(
+        {**PROXY_DEFAULTS, "max_body_bytes": "2048", "node_timeout": "30"},
+        hapi_servers="http://127.0.0.1:9",
+        node_timeout="45",
+    )(Downstream())
+    assert isinstance(app, HapiMiddleware)
+    # [DEFAULT] supplies what the section leaves out; the section wins where both say.
+    assert (app.config.max_body_bytes, app.config.node_timeout) == (2048, 45.0)
+
+
+def test_an_unknown_option_in_the_filter_section_is_still_refused() -> None:
+    with pytest.raises(FilterConfigError, match="max_bdy_bytes"):
+        filter_factory(PROXY_DEFAULTS, hapi_servers="http://127.0.0.1:9", max_bdy_bytes="1")
+
+
+def test_the_filter_logs_through_swifts_logger_with_the_transaction_id() -> None:
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    mw = make_filter(Downstream(), log_name="proxy-server")
+    assert mw.logger.server == "proxy-server"  # Swift's adapter, named as the proxy's log
+    handler = Keep()
+    mw.logger.logger.addHandler(handler)
+    try:
+        req = Request.blank(OBJ, method="GET", headers=HAPI)
+        req.environ["swift.trans_id"] = "tx0123abc"
+        mw.logger.txn_id = "tx0123abc"  # what catch_errors sets for every proxy request
+        status, _, _ = call(mw, req)
+    finally:
+        mw.logger.logger.removeHandler(handler)
+        mw.logger.txn_id = None  # thread-local, shared by every Swift logger of the thread
+    assert status.startswith("405")
+    (record,) = [r for r in records if "refused" in r.getMessage()]
+    assert record.levelno == logging.INFO
+    assert getattr(record, "txn_id", None) == "tx0123abc"

@@ -39,7 +39,8 @@ import httpx
 import torch
 
 from hapi_client.datasets import get_source
-from hapi_contract import Compression, FrameDecoder, FrameEncoder, OutputDtype, write_shard
+from hapi_contract import Compression, OutputDtype, write_shard
+from hapi_contract.frames import FrameDecoder, FrameEncoder
 from hapi_server.devices import Device
 from hapi_server.engine import ExtractionJob, run_extraction
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hapi_contract import EpochPlan, plan_epoch
+from hapi_contract.epochs import EpochPlan, plan_epoch
 
 from .errors import ConfigurationError, DeliveryError
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hapi_contract import EpochPlan
+from hapi_contract.epochs import EpochPlan
 
 from .errors import ScheduleError
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 import torch
 
-from hapi_contract import BatchFrame, EndFrame, FrameDecoder
+from hapi_contract.frames import BatchFrame, EndFrame, FrameDecoder
 from tests.swift_middleware.mw_support import HAPI, MwData, ProxyProcess, extract, shard_url
 
 pytestmark = pytest.mark.swift

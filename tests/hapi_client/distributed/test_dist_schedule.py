@@ -15,7 +15,7 @@ from hapi_client.distributed import (
     round_totals,
     scale_sizes,
 )
-from hapi_contract import plan_epoch
+from hapi_contract.epochs import plan_epoch
 
 
 def _run_epoch(shard_sizes: list[int], n: int, batch: int, seed: int, sizes_for_round) -> tuple[

@@ -5,8 +5,8 @@
 
 Each rank streams the features of its own shards (FeatureDataset reads the rank and world size
 from torch.distributed) and every rank gets the same number of batches, even when the shards
-do not divide evenly, so DDP's all-reduce never waits on a rank that ran out. NCCL on GPUs,
-gloo on CPUs. Rank 0 saves the fine-tuned model.
+do not divide evenly, so DDP's all-reduce never waits on a rank that ran out. NCCL with a GPU
+per rank, else gloo on the CPU. Rank 0 saves the fine-tuned model.
 """
 
 from __future__ import annotations
@@ -26,10 +26,13 @@ from hapi_client import FeatureDataset, HapiClient, SwiftCredentials
 
 def main() -> None:
     args = _parse()
-    cuda = torch.cuda.is_available()
+    # NCCL needs a GPU of its own per rank; with fewer GPUs than local ranks, gloo on the CPU.
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= local_world
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
+    device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
     credentials = SwiftCredentials(args.auth_url, args.user, args.key)

@@ -8,7 +8,7 @@ Every rank derives the same schedule from the seed, the manifest and the per-rou
   worker fetches its own shards through HAPI, so with the feature cache every shard is
   extracted once per run, by one worker.
 - **Streams** (per epoch): worker ``r``'s stream is its shards in the epoch plan's shard order
-  (:func:`hapi_contract.plan_epoch`), each in the plan's per-shard permutation.
+  (:func:`hapi_contract.epochs.plan_epoch`), each in the plan's per-shard permutation.
 - **Rounds**: a round consumes ``sizes[r]`` samples for each worker ``r`` (the global batch
   ``sum(sizes)`` never changes; only the last round of an epoch differs, see
   :func:`round_totals`). A worker takes from the head of its own stream; when that runs dry

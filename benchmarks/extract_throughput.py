@@ -104,8 +104,6 @@ def engine_run(
         transform=hapi_models.InputTransform(resize=SIDE, crop=SIDE, mean=MEAN, std=STD),
         batch_size=batch,
         device=Device("cpu", 0),
-        dtype=OutputDtype.FLOAT32,
-        compression=Compression.NONE,
         max_pixels=40_000_000,
     )
     sent = 0

@@ -147,11 +147,10 @@ class DeviceScheduler:
         self._publish()
         self._kick()
 
-    def hand_over_model_bytes(self, reservation: Reservation, nbytes: int | None = None) -> None:
-        """``nbytes`` of the request's model memory (default: all of it) is now counted by the
-        weights cache (the model became resident) or freed (the load's transient copies):
-        stop counting it twice."""
-        amount = reservation.model_bytes if nbytes is None else min(nbytes, reservation.model_bytes)
+    def hand_over_model_bytes(self, reservation: Reservation, nbytes: int) -> None:
+        """``nbytes`` of the request's model memory is now counted by the weights cache (the
+        model became resident) or freed (the load's transient copies): stop counting it twice."""
+        amount = min(nbytes, reservation.model_bytes)
         if amount > 0 and not reservation.released:
             reservation.planned_bytes -= amount
             reservation.model_bytes -= amount

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 import hapi_models
 import torch
 
-from hapi_contract import Compression, OutputDtype
 from hapi_contract.frames import FrameEncoder
 
 from .devices import Device
@@ -73,8 +72,6 @@ class ExtractionJob:
     transform: hapi_models.InputTransform
     batch_size: int
     device: Device
-    dtype: OutputDtype
-    compression: Compression
     max_pixels: int
 
 

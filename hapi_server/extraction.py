@@ -254,8 +254,6 @@ async def stream(state: ServerState, prep: PreparedExtraction) -> AsyncIterator[
         transform=input_transform(req.transform),
         batch_size=prep.reservation.batch_size,
         device=prep.scheduler.device,
-        dtype=req.output_dtype,
-        compression=req.compression,
         max_pixels=state.settings.max_image_pixels,
     )
 

@@ -39,7 +39,6 @@ class WeightsCache:
         self.idle_budget_bytes = idle_budget_bytes
         self._entries: OrderedDict[CacheKey, CachedModel] = OrderedDict()
         self._loading: dict[CacheKey, asyncio.Lock] = {}
-        self.on_change: list[object] = []
 
     def resident_bytes(self, device: Device) -> int:
         return sum(e.nbytes for e in self._entries.values() if e.key[3] == device.name)

@@ -51,6 +51,12 @@ class ServerSettings(BaseSettings):
     torch_threads: int | None = Field(
         None, ge=1, description="torch intra-op threads; default: torch's own choice"
     )
+    allow_tf32: bool = Field(
+        False,
+        description="let a GPU run float32 convolutions and matmuls in TF32 (faster, ~1e-3 "
+        "relative error): off, a float32 request gets float32 features that the client's own "
+        "layers reproduce to float32 rounding",
+    )
 
     # Limits.
     max_request_body_bytes: int = Field(

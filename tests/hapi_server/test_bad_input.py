@@ -334,7 +334,9 @@ def test_a_model_larger_than_the_device_is_507_before_it_is_built(
     server_factory: Callable[..., ServerProcess], bad_data: Dataset
 ) -> None:
     """Loading is admitted like any other memory: weights that fit no device are refused."""
-    server = server_factory(cpu_memory_budget_bytes=32 * 2**20, framework_reserve_bytes=0, b_min=1)
+    server = server_factory(
+        devices="cpu", cpu_memory_budget_bytes=32 * 2**20, framework_reserve_bytes=0, b_min=1
+    )
     before = _rss(server.process.pid)
     resp = httpx.post(
         f"{server.url}/v1/extract",

@@ -92,7 +92,9 @@ def test_models_health_metrics_openapi(hapi_server: ServerProcess) -> None:
         by_name["resnet18"]["num_layers"] == 14 and by_name["alexnet"]["default_freeze_index"] == 17
     )
     health = httpx.get(f"{hapi_server.url}/healthz").json()
-    assert health["swift"] is True and health["devices"][0]["name"] == "cpu"
+    # The server takes every GPU it sees, else the CPU.
+    expected = "cuda:0" if torch.cuda.is_available() else "cpu"
+    assert health["swift"] is True and health["devices"][0]["name"] == expected
     metrics = httpx.get(f"{hapi_server.url}/metrics").text
     for name in (
         "hapi_queue_depth",

@@ -42,6 +42,7 @@ def budget_server(
     for i, name in enumerate(SHARDS):
         put_shard(swift_stack, name, *make_images(SAMPLES, seed=100 + i))
     return server_factory(
+        devices="cpu",  # the planner on a configured budget (a GPU's would be NVML's, 80 GB)
         cpu_memory_budget_bytes=BUDGET,
         framework_reserve_bytes=RESERVE,
         b_min=B_MIN,

@@ -131,6 +131,7 @@ def limited_server(
 ) -> tuple[ServerProcess, int]:
     """A warmed-up server whose private data may grow by HEADROOM from here; its baseline."""
     server = server_factory(
+        devices="cpu",  # RLIMIT_DATA bounds host memory: the test is about the CPU device
         adaptation=adaptation,
         cpu_memory_budget_bytes=weights_bytes(ARCH) + PLANNABLE,
         framework_reserve_bytes=0,

@@ -65,6 +65,7 @@ def tight_server(
 ) -> ServerProcess:
     put_shard(swift_stack, BIG_SHARD, *make_images(600, seed=21))
     return server_factory(
+        devices="cpu",  # the queue on a configured CPU budget, GPU or not
         cpu_memory_budget_bytes=BUDGET,
         framework_reserve_bytes=RESERVE,
         b_min=B_MIN,

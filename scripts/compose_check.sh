@@ -243,8 +243,12 @@ ensure_torch_index() {
         2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
     local projects
     projects=$(write_simple_index "$index/wheels" "$index")
+    # The same port as last time when it is free: the index URL is a build argument, so a new
+    # one would invalidate the cached torch layer.
     local port
-    port=$(free_port)
+    port=$(cat "$index/port" 2>/dev/null || true)
+    if [ -z "$port" ] || ! port_free "$port"; then port=$(free_port); fi
+    echo "$port" >"$index/port"
     python3 -m http.server --bind 127.0.0.1 --directory "$index" "$port" >"$RUN/index.log" 2>&1 &
     INDEX_PID=$!
     TORCH_INDEX_URL=http://127.0.0.1:$port/simple
@@ -304,9 +308,22 @@ up() {
     "${COMPOSE[@]}" up -d >"$RUN/up.log" 2>&1 || { tail -n 40 "$RUN/up.log"; fail "up -d"; }
 }
 
+wait_service() {  # SERVICE URL: until URL answers 200; fail at once if SERVICE's container exits
+    local id deadline=$((SECONDS + 300))
+    id=$(container_of "$1")
+    until curl -fsS -o /dev/null --max-time 3 "$2" 2>/dev/null; do
+        if [ "$($ENGINE inspect --format '{{.State.Running}}' "$id")" != true ]; then
+            $ENGINE logs "$id" 2>&1 | tail -n 20
+            fail "$1 exited before $2 answered"
+        fi
+        [ $SECONDS -lt $deadline ] || fail "$2 did not answer 200 within 300 s"
+        sleep 1
+    done
+}
+
 wait_healthy() {
-    wait_http "http://127.0.0.1:$HAPI_SWIFT_PORT/healthcheck" 300
-    wait_http "http://127.0.0.1:$HAPI_SERVER_PORT/healthz" 300
+    wait_service swift "http://127.0.0.1:$HAPI_SWIFT_PORT/healthcheck"
+    wait_service hapi-server "http://127.0.0.1:$HAPI_SERVER_PORT/healthz"
     # The images' own healthchecks, run once by hand: podman without systemd never runs them.
     for service in swift hapi-server; do
         local id

@@ -40,6 +40,7 @@ class Reservation:
 class _Waiter:
     demand: Demand
     future: asyncio.Future[int]
+    refresh: Callable[[Demand], Demand] | None = None
 
 
 @dataclass
@@ -77,12 +78,20 @@ class DeviceScheduler:
     def free_bytes(self) -> int:
         return max(0, self.device.total_bytes - self.occupied_bytes())
 
-    async def acquire(self, demand: Demand, pinned_bytes: int = 0) -> Reservation:
+    async def acquire(
+        self,
+        demand: Demand,
+        pinned_bytes: int = 0,
+        refresh: Callable[[Demand], Demand] | None = None,
+    ) -> Reservation:
         """Wait for a planned COS batch size; raise 507 / 503 / 504 errors as the case may be.
 
         ``pinned_bytes`` is memory the request itself keeps occupied while it waits (its model's
         resident weights): it can never be freed for the request, so it counts against
-        feasibility, else such a request would wait for memory that never comes.
+        feasibility, else such a request would wait for memory that never comes. ``refresh``
+        is called on the demand before every planning round while it waits: a request that
+        planned to load its model asks for those bytes no more once another request has made
+        that model resident (the cache counts it then).
         """
         if not self.settings.adaptation:
             return self._admit(demand, demand.b_max)
@@ -109,7 +118,7 @@ class DeviceScheduler:
                 headers={"Retry-After": str(self.settings.retry_after_s)},
             )
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(demand, loop.create_future())
+        waiter = _Waiter(demand, loop.create_future(), refresh)
         self._waiting[demand.request_id] = waiter
         self._publish()
         self._kick()
@@ -170,6 +179,9 @@ class DeviceScheduler:
             pending = [w for w in self._waiting.values() if not w.future.done()]
             if not pending:
                 return
+            for w in pending:
+                if w.refresh is not None:
+                    w.demand = w.refresh(w.demand)
             start = time.perf_counter()
             plan = solve([w.demand for w in pending], self.free_bytes())
             decision = time.perf_counter() - start

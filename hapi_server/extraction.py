@@ -8,6 +8,7 @@ shard format, limits, memory) is checked before the response starts; a failure a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import threading
@@ -23,6 +24,7 @@ from .core import admit_model, build_model, check_weights, input_transform, stre
 from .engine import ExtractionJob, JobCancelled, JobStats, run_extraction
 from .estimates import model_footprint
 from .inputs import parse_shard
+from .solver import Demand
 from .state import ServerState
 from .swift_io import Caller, ObjectInfo
 from .weights_cache import CachedModel, CacheKey
@@ -97,6 +99,20 @@ async def load_planned(
     # The model is resident now (the cache counts it) and the load's copies are gone.
     scheduler.hand_over_model_bytes(reservation, plan.load_bytes)
     return entry
+
+
+def pin_if_resident(state: ServerState, plan: ModelPlan, demand: Demand) -> Demand:
+    """``demand`` less the model's load once the cache holds the planned model (another
+    request loaded it meanwhile), which is then pinned for this request; for a waiting request,
+    before each planning round (see :meth:`DeviceScheduler.acquire`)."""
+    if plan.entry is not None or plan.load_bytes == 0:
+        return demand
+    entry = state.weights.lookup(plan.key)
+    if entry is None or entry.etag != plan.info.etag:
+        return demand
+    state.weights.acquire(entry)
+    load, plan.entry, plan.load_bytes = plan.load_bytes, entry, 0
+    return dataclasses.replace(demand, model_bytes=max(0, demand.model_bytes - load))
 
 
 def release_model(state: ServerState, plan: ModelPlan) -> None:
@@ -201,7 +217,9 @@ async def prepare(state: ServerState, caller: Caller, req: ExtractRequest) -> Pr
         )
         queued_at = time.perf_counter()
         pinned = plan.entry.nbytes if plan.entry is not None else 0
-        reservation = await scheduler.acquire(demand, pinned_bytes=pinned)
+        reservation = await scheduler.acquire(
+            demand, pinned_bytes=pinned, refresh=functools.partial(pin_if_resident, state, plan)
+        )
         try:
             entry = await load_planned(state, caller, plan, scheduler, reservation)
         except BaseException:

@@ -25,7 +25,13 @@ from .adaptation import make_demand, new_request_id
 from .core import admit_model, input_transform
 from .errors import InvalidRequestError, InvalidShardError, PayloadTooLargeError
 from .estimates import model_footprint
-from .extraction import load_planned, plan_model, read_checked_shard, release_model
+from .extraction import (
+    load_planned,
+    pin_if_resident,
+    plan_model,
+    read_checked_shard,
+    release_model,
+)
 from .state import ServerState
 from .swift_io import Caller
 
@@ -206,7 +212,9 @@ async def run_finetune(
             request_id, 3 * est.bytes_per_sample, plan.load_bytes + train_bytes, batch, batch
         )
         pinned = plan.entry.nbytes if plan.entry is not None else 0
-        reservation = await scheduler.acquire(demand, pinned_bytes=pinned)
+        reservation = await scheduler.acquire(
+            demand, pinned_bytes=pinned, refresh=functools.partial(pin_if_resident, state, plan)
+        )
         try:
             entry = await load_planned(state, caller, plan, scheduler, reservation)
             model = copy.deepcopy(entry.model)  # never train the shared, cached copy

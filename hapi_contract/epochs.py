@@ -2,6 +2,9 @@
 
 Shards are visited in an order shuffled per epoch from the seed; the samples of a shard are
 permuted from ``(seed, epoch, shard)``; consecutive samples form the training batches.
+
+The permutations are torch's (``torch.randperm``), so that every mode draws the same ones: this
+module imports torch and is not part of the contract's top level; import it explicitly.
 """
 
 from __future__ import annotations

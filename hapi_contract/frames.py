@@ -9,7 +9,8 @@ header (``kind`` ``batch``, ``end`` or ``error``) and, for a batch, the feature 
 worked example that the tests decode, is ``docs/frames.md``.
 
 Unknown header keys, kinds, dtypes and codecs are errors, not extensions: a change of format
-gets a new version byte. Nothing here ever unpickles.
+gets a new version byte. Nothing here ever unpickles. This module imports torch, numpy and
+zstandard, so it is not part of the contract's top level: import ``hapi_contract.frames``.
 """
 
 from __future__ import annotations

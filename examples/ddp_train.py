@@ -65,7 +65,10 @@ def main() -> None:
                     seen += len(labels)
                     batches += 1
                     total_loss += float(loss) * len(labels)
-                totals = torch.tensor([seen, batches, total_loss], dtype=torch.float64)
+                # On the training device: NCCL reduces only CUDA tensors.
+                totals = torch.tensor(
+                    [seen, batches, total_loss], dtype=torch.float64, device=device
+                )
                 dist.all_reduce(totals)
                 if rank == 0:
                     print(

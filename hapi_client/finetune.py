@@ -26,6 +26,7 @@ from hapi_contract import FinetuneRequest, OptimizerSpec, TransformSpec
 
 from .errors import ConfigurationError
 from .feature_dataset import FeatureDataset, LocalModel
+from .metrics import EpochSummary
 from .model_store import StoredModel
 from .preparation import PreparedModel, SplitChoice, prepare_model
 from .split import SplitDecision
@@ -39,20 +40,16 @@ Mode = Literal["hapi", "baseline", "all_in_cos"]
 MODES: tuple[str, ...] = ("hapi", "baseline", "all_in_cos")
 
 
-@dataclass
-class EpochMetrics:
-    epoch: int
+@dataclass(kw_only=True)
+class EpochMetrics(EpochSummary):
+    """One epoch of the single-process recipe: the common summary plus split and rates."""
+
     mode: str
     split_index: int
-    loss: float
-    train_accuracy: float
-    eval_accuracy: float | None
-    seconds: float
-    samples: int
+    #: Training iterations (batches) of the epoch.
     iterations: int
-    bytes_received: int
     bytes_per_iteration: float
-    requests: int
+    #: The client's bandwidth estimate after the epoch; None before any transfer was timed.
     bandwidth_mbit_s: float | None
     samples_per_s: float
 

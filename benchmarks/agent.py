@@ -202,8 +202,14 @@ class AgentProcess(StorageControl):
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = log_path.open("ab")
         command = [
-            "unshare", "-n", "--", sys.executable, "-m", "hapi_bench.agent_main",
-            "--cores", ",".join(map(str, server_cores)),
+            "unshare",
+            "-n",
+            "--",
+            sys.executable,
+            "-m",
+            "hapi_bench.agent_main",
+            "--cores",
+            ",".join(map(str, server_cores)),
         ]
         # `unshare` execs the program after unsharing: the PID is the agent's own.
         self._proc = subprocess.Popen(  # noqa: S603
@@ -258,4 +264,3 @@ class AgentProcess(StorageControl):
                 self._proc.terminate()
                 self._proc.wait(timeout=30)
         self._log.close()
-

@@ -28,6 +28,8 @@ from typing import Any
 
 import hapi_models
 
+from hapi_client.finetune import Mode
+
 from .data import ensure_dataset, ensure_models, photos_spec
 from .runs import RunSpec, measured_finetune, warm_server
 from .testbed import Testbed
@@ -64,56 +66,101 @@ def format_demo_table(rows: list[dict[str, Any]]) -> str:
     header = ("mode", "split", "accuracy", "MB/iteration", "epoch (s)", "images/s", "bound (s)")
     lines = [header]
     for r in rows:
-        split = "-" if r["mode"] == "baseline" else f"{r['split_index']} (freeze {r['freeze_index']})"
+        split = (
+            "-" if r["mode"] == "baseline" else f"{r['split_index']} (freeze {r['freeze_index']})"
+        )
         acc = "-" if r["eval_accuracy"] is None else f"{r['eval_accuracy']:.3f}"
-        lines.append((
-            r["mode"].upper(), split, acc, f"{r['bytes_per_iteration'] / 1e6:.2f}",
-            f"{r['epoch_s']:.1f}", f"{r['samples_per_s']:.1f}", f"{r['lower_bound_s']:.1f} ({r['bound_limiter']})",
-        ))
+        lines.append(
+            (
+                r["mode"].upper(),
+                split,
+                acc,
+                f"{r['bytes_per_iteration'] / 1e6:.2f}",
+                f"{r['epoch_s']:.1f}",
+                f"{r['samples_per_s']:.1f}",
+                f"{r['lower_bound_s']:.1f} ({r['bound_limiter']})",
+            )
+        )
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     out = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)) for line in lines]
     out.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(out)
 
 
-def demo_job(testbed: Testbed, config: dict[str, Any] | None = None, results_path: str | None = None) -> int:
+def demo_job(
+    testbed: Testbed, config: dict[str, Any] | None = None, results_path: str | None = None
+) -> int:
     """The demo on ``testbed``; returns 0 when HAPI beat BASELINE on epoch time and bytes, else 1."""
     cfg = DemoConfig(**(config or {}))
     started = time.perf_counter()
     _step(1, f"starting Swift + the HAPI server ({testbed.cores.describe()})")
     testbed.start_stack()
     testbed.set_rate(None)
-    _step(2, "uploading the photo dataset and the EfficientNet-Lite0 weights (reused when already there)")
+    _step(
+        2,
+        "uploading the photo dataset and the EfficientNet-Lite0 weights (reused when already there)",
+    )
     conn = testbed.connection()
     try:
-        train = ensure_dataset(conn, photos_spec("train", cfg.train_per_class), f"demo-photos-train-{cfg.train_per_class}",
-                               cfg.shard_size)
+        train = ensure_dataset(
+            conn,
+            photos_spec("train", cfg.train_per_class),
+            f"demo-photos-train-{cfg.train_per_class}",
+            cfg.shard_size,
+        )
         print(f"      {train.describe()}", flush=True)
-        test = ensure_dataset(conn, photos_spec("test", cfg.test_per_class), f"demo-photos-test-{cfg.test_per_class}",
-                              cfg.shard_size)
+        test = ensure_dataset(
+            conn,
+            photos_spec("test", cfg.test_per_class),
+            f"demo-photos-test-{cfg.test_per_class}",
+            cfg.shard_size,
+        )
         print(f"      {test.describe()}", flush=True)
         stored = ensure_models(conn, [cfg.model])[cfg.model]
-        print(f"      model {stored.name}: {stored.nbytes / 1e6:.1f} MB, sha256 {stored.sha256[:16]}...", flush=True)
+        print(
+            f"      model {stored.name}: {stored.nbytes / 1e6:.1f} MB, sha256 {stored.sha256[:16]}...",
+            flush=True,
+        )
     finally:
         conn.close()
     warm_server(testbed, [stored], train.container, train.manifest)
     testbed.set_rate(cfg.rate_mbit)
     check = testbed.measure_link()
-    _step(3, f"link limited to {cfg.rate_mbit:g} Mbit/s by {testbed.link.method}: measured "
-             f"{check.measured_mbit:.1f} Mbit/s{' (FLAGGED: more than 10% off)' if check.flagged else ''}")
+    _step(
+        3,
+        f"link limited to {cfg.rate_mbit:g} Mbit/s by {testbed.link.method}: measured "
+        f"{check.measured_mbit:.1f} Mbit/s{' (FLAGGED: more than 10% off)' if check.flagged else ''}",
+    )
     rows = []
-    for n, mode in ((4, "hapi"), (5, "baseline")):
-        _step(n, f"{mode.upper()}: fine-tuning {cfg.model} from layer {cfg.freeze_index} on for {cfg.epochs} "
-                 f"epoch(s), batch {cfg.batch_size}"
-                 f"{', split chosen from the measured bandwidth' if mode == 'hapi' else ', everything on the client'}")
-        spec = RunSpec(stored, mode, train.container, train.manifest, cfg.rate_mbit,  # type: ignore[arg-type]
-                       batch_size=cfg.batch_size, split="auto", freeze_index=cfg.freeze_index, prefetch=cfg.prefetch,
-                       eval_container=test.container,
-                       epochs=cfg.epochs, optimizer=hapi_models.OptimizerConfig("sgd", cfg.lr, 0.9, 0.0))
+    modes: tuple[tuple[int, Mode], ...] = ((4, "hapi"), (5, "baseline"))
+    for n, mode in modes:
+        _step(
+            n,
+            f"{mode.upper()}: fine-tuning {cfg.model} from layer {cfg.freeze_index} on for {cfg.epochs} "
+            f"epoch(s), batch {cfg.batch_size}"
+            f"{', split chosen from the measured bandwidth' if mode == 'hapi' else ', everything on the client'}",
+        )
+        spec = RunSpec(
+            stored,
+            mode,
+            train.container,
+            train.manifest,
+            cfg.rate_mbit,  # type: ignore[arg-type]
+            batch_size=cfg.batch_size,
+            split="auto",
+            freeze_index=cfg.freeze_index,
+            prefetch=cfg.prefetch,
+            eval_container=test.container,
+            epochs=cfg.epochs,
+            optimizer=hapi_models.OptimizerConfig("sgd", cfg.lr, 0.9, 0.0),
+        )
         result, row = measured_finetune(testbed, spec, check, rate_from_first_data=False)
         if result.split is not None:
             print(f"      split {result.split.split_index}: {result.split.reason}", flush=True)
-            print(f"      profile {row['profile_ms']:.0f} ms, split choice {row['split_ms']:.2f} ms", flush=True)
+            print(
+                f"      profile {row['profile_ms']:.0f} ms, split choice {row['split_ms']:.2f} ms",
+                flush=True,
+            )
         rows.append(row)
     testbed.stop_stack()
     hapi, base = rows
@@ -121,20 +168,35 @@ def demo_job(testbed: Testbed, config: dict[str, Any] | None = None, results_pat
     print(format_demo_table(rows))
     print()
     print(f"link: {check.describe()} via {testbed.link.method}")
-    print(f"data: {train.manifest.num_samples} training / {test.manifest.num_samples} test photos at "
-          f"{train.manifest.mean_shard_bytes_per_sample / 1e3:.0f} KB stored per image; {testbed.cores.describe()}")
+    print(
+        f"data: {train.manifest.num_samples} training / {test.manifest.num_samples} test photos at "
+        f"{train.manifest.mean_shard_bytes_per_sample / 1e3:.0f} KB stored per image; {testbed.cores.describe()}"
+    )
     bytes_ratio = base["bytes_per_iteration"] / max(hapi["bytes_per_iteration"], 1.0)
     time_ratio = base["epoch_s"] / max(hapi["epoch_s"], 1e-9)
     won = bytes_ratio > 1 and time_ratio > 1
-    print(f"HAPI vs BASELINE: {bytes_ratio:.2f}x fewer bytes per iteration, epoch {time_ratio:.2f}x "
-          f"{'faster' if time_ratio > 1 else 'SLOWER'}; wall time of the demo {time.perf_counter() - started:.0f} s")
+    print(
+        f"HAPI vs BASELINE: {bytes_ratio:.2f}x fewer bytes per iteration, epoch {time_ratio:.2f}x "
+        f"{'faster' if time_ratio > 1 else 'SLOWER'}; wall time of the demo {time.perf_counter() - started:.0f} s"
+    )
     if not won:
         busy = max(float(hapi["bound_ratio"] or 0), float(base["bound_ratio"] or 0))
         if busy > 1.3:
-            print(f"note: an epoch took {busy:.1f}x its lower bound (the CPU time each side got): other work was "
-                  f"competing for the cores; rerun on an idle machine, or with --nice -10 as root")
+            print(
+                f"note: an epoch took {busy:.1f}x its lower bound (the CPU time each side got): other work was "
+                f"competing for the cores; rerun on an idle machine, or with --nice -10 as root"
+            )
     if results_path:
         with open(results_path, "w") as handle:
-            json.dump({"config": asdict(cfg), "link": check.as_dict(), "testbed": testbed.describe(),
-                       "rows": rows, "hapi_won": won}, handle, indent=2)
+            json.dump(
+                {
+                    "config": asdict(cfg),
+                    "link": check.as_dict(),
+                    "testbed": testbed.describe(),
+                    "rows": rows,
+                    "hapi_won": won,
+                },
+                handle,
+                indent=2,
+            )
     return 0 if won else 1

@@ -186,7 +186,8 @@ def run_http(imgs: list[bytes], labels: list[int], batch: int) -> list[Row]:
         conn.put_container(DATA)  # type: ignore[attr-defined]
         conn.put_container(MODELS)  # type: ignore[attr-defined]
         shard = write_shard(
-            (f"{i:09d}", img, "jpg", lab) for i, (img, lab) in enumerate(zip(imgs, labels, strict=True))
+            (f"{i:09d}", img, "jpg", lab)
+            for i, (img, lab) in enumerate(zip(imgs, labels, strict=True))
         )
         conn.put_object(DATA, "shard.tar", shard)  # type: ignore[attr-defined]
         for arch, splits in ARCHS.items():
@@ -249,15 +250,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     imgs, labels = images(args.samples)
-    print(f"{len(imgs)} JPEGs, {sum(map(len, imgs)) / len(imgs) / 1e3:.0f} kB mean, "
-          f"torch threads {torch.get_num_threads()}", flush=True)
+    print(
+        f"{len(imgs)} JPEGs, {sum(map(len, imgs)) / len(imgs) / 1e3:.0f} kB mean, "
+        f"torch threads {torch.get_num_threads()}",
+        flush=True,
+    )
     rows = run_engine(imgs, labels, args.batch)
     if args.http:
         rows += run_http(imgs, labels, args.batch)
 
     print(f"\n{'mode':6s} {'arch':9s} {'split':>5s} {'samples/s':>10s} {'feature MB/s':>13s}")
     for r in rows:
-        print(f"{r.mode:6s} {r.arch:9s} {r.split:5d} {r.samples_per_s:10.1f} {r.feature_mb_per_s:13.1f}")
+        print(
+            f"{r.mode:6s} {r.arch:9s} {r.split:5d} {r.samples_per_s:10.1f} {r.feature_mb_per_s:13.1f}"
+        )
     meta = {
         "benchmark": "extract_throughput",
         "torch": torch.__version__,

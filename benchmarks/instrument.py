@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hapi_client import HapiClient
+from hapi_contract import FinetuneMetrics
 
 from .machine import cpu_seconds, process_cpu_seconds
 from .shaping import Link
@@ -60,7 +61,7 @@ class ClientProbe:
         self.first_load_at: float | None = None
         """When the first shard read or extraction began (the epoch's start; not the probe)."""
         self.extracts: list[ExtractRecord] = []
-        self.finetune_meta: dict[str, Any] | None = None
+        self.finetune_meta: FinetuneMetrics | None = None
         self._lock = threading.Lock()
         self._wrap()
 
@@ -199,16 +200,24 @@ class Sampler:
             return x + w * (y - x)
 
         return Sample(
-            when, mix(a.client_cpu, b.client_cpu), mix(a.storage_cpu, b.storage_cpu),
-            mix(a.server_cpu, b.server_cpu), round(mix(a.rx, b.rx)), round(mix(a.tx, b.tx)),
+            when,
+            mix(a.client_cpu, b.client_cpu),
+            mix(a.storage_cpu, b.storage_cpu),
+            mix(a.server_cpu, b.server_cpu),
+            round(mix(a.rx, b.rx)),
+            round(mix(a.tx, b.tx)),
         )
 
     def between(self, start: float, end: float) -> Sample:
         """Differences of every counter over ``[start, end]`` (``at`` holds the duration)."""
         a, b = self.at(start), self.at(end)
         return Sample(
-            end - start, b.client_cpu - a.client_cpu, b.storage_cpu - a.storage_cpu,
-            b.server_cpu - a.server_cpu, b.rx - a.rx, b.tx - a.tx,
+            end - start,
+            b.client_cpu - a.client_cpu,
+            b.storage_cpu - a.storage_cpu,
+            b.server_cpu - a.server_cpu,
+            b.rx - a.rx,
+            b.tx - a.tx,
         )
 
 
@@ -230,6 +239,10 @@ class LowerBound:
         return max(parts, key=lambda k: parts[k])
 
 
-def lower_bound(storage_cpu_s: float, client_cpu_s: float, nbytes: int, rate_bytes_per_s: float) -> LowerBound:
+def lower_bound(
+    storage_cpu_s: float, client_cpu_s: float, nbytes: int, rate_bytes_per_s: float
+) -> LowerBound:
     """The pipelined lower bound of an epoch from its measured parts."""
-    return LowerBound(storage_cpu_s, client_cpu_s, nbytes / rate_bytes_per_s if rate_bytes_per_s > 0 else 0.0)
+    return LowerBound(
+        storage_cpu_s, client_cpu_s, nbytes / rate_bytes_per_s if rate_bytes_per_s > 0 else 0.0
+    )

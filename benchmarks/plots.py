@@ -16,8 +16,11 @@ from .results import ResultSet  # noqa: E402
 
 __all__ = ["plot_adaptation", "plot_e2e", "plot_gars", "plot_proxy", "plot_split", "plot_tenants"]
 
-_MODE_STYLE = {"baseline": ("BASELINE", "tab:red"), "hapi": ("HAPI", "tab:blue"),
-               "all_in_cos": ("ALL_IN_COS", "tab:green")}
+_MODE_STYLE = {
+    "baseline": ("BASELINE", "tab:red"),
+    "hapi": ("HAPI", "tab:blue"),
+    "all_in_cos": ("ALL_IN_COS", "tab:green"),
+}
 
 
 def _save(fig: Any, path: Path) -> Path:
@@ -46,10 +49,20 @@ def plot_e2e(results: ResultSet, out_dir: Path) -> list[Path]:
         xs = [p[0] for p in points]
         axes[0].plot(xs, [p[1]["epoch_s"] for p in points], "o-", color=colour, label=label)
         if mode == "hapi":
-            axes[0].plot(xs, [p[1]["lower_bound_s"] for p in points], ":", color=colour,
-                         label="HAPI lower bound")
-        axes[1].plot(xs, [max(p[1]["bytes_per_iteration"], 1) / 1e6 for p in points], "o-",
-                     color=colour, label=label)
+            axes[0].plot(
+                xs,
+                [p[1]["lower_bound_s"] for p in points],
+                ":",
+                color=colour,
+                label="HAPI lower bound",
+            )
+        axes[1].plot(
+            xs,
+            [max(p[1]["bytes_per_iteration"], 1) / 1e6 for p in points],
+            "o-",
+            color=colour,
+            label=label,
+        )
     for ax, ylabel, title in (
         (axes[0], "epoch time (s)", "AlexNet: epoch time (cf. Fig 5.9)"),
         (axes[1], "MB per iteration", "AlexNet: data per iteration (cf. Fig 5.10)"),
@@ -70,7 +83,9 @@ def plot_e2e(results: ResultSet, out_dir: Path) -> list[Path]:
         for model in models:
             match = [r["epoch_s"] for r in at100 if r["model"] == model and r["mode"] == mode]
             values.append(match[0] if match else 0.0)
-        axes[2].bar([x + i * width for x in range(len(models))], values, width, color=colour, label=label)
+        axes[2].bar(
+            [x + i * width for x in range(len(models))], values, width, color=colour, label=label
+        )
     axes[2].set_xticks([x + width for x in range(len(models))], models)
     axes[2].set_ylabel("epoch time (s)")
     axes[2].set_title("every model at 100 Mbit/s")
@@ -88,16 +103,26 @@ def plot_split(results: ResultSet, out_dir: Path) -> list[Path]:
     for (sweep, model), rows in by_model.items():
         if sweep == "bandwidth":
             rows.sort(key=lambda r: r["bandwidth_gbit"])
-            axes[0].plot([r["bandwidth_gbit"] for r in rows], [r["split_index"] for r in rows], "o-",
-                         label=f"{model} (freeze {rows[0]['freeze_index']})")
+            axes[0].plot(
+                [r["bandwidth_gbit"] for r in rows],
+                [r["split_index"] for r in rows],
+                "o-",
+                label=f"{model} (freeze {rows[0]['freeze_index']})",
+            )
         else:
             rows.sort(key=lambda r: r["batch_size"])
-            axes[1].plot([r["batch_size"] for r in rows], [r["split_index"] for r in rows], "o-",
-                         label=model)
+            axes[1].plot(
+                [r["batch_size"] for r in rows], [r["split_index"] for r in rows], "o-", label=model
+            )
     thesis = results.meta.get("thesis_table_5_3", {})
     if thesis:
-        axes[0].plot(thesis["bandwidth_gbit"], thesis["split_index"], "k--", alpha=0.6,
-                     label="thesis Table 5.3 (AlexNet)")
+        axes[0].plot(
+            thesis["bandwidth_gbit"],
+            thesis["split_index"],
+            "k--",
+            alpha=0.6,
+            label="thesis Table 5.3 (AlexNet)",
+        )
     axes[0].set_xscale("log")
     axes[0].set_xlabel("bandwidth (Gbit/s)")
     axes[0].set_title(f"split vs bandwidth (batch {results.meta.get('batch_for_bandwidth')})")
@@ -135,14 +160,22 @@ def plot_adaptation(results: ResultSet, out_dir: Path) -> list[Path]:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     budget = results.meta.get("budget_bytes")
     for adaptive, colour in ((True, "tab:blue"), (False, "tab:red")):
-        rows = sorted((r for r in results.rows if r["adaptation"] is adaptive), key=lambda r: r["requests"])
+        rows = sorted(
+            (r for r in results.rows if r["adaptation"] is adaptive), key=lambda r: r["requests"]
+        )
         if not rows:
             continue
         label = "BA on" if adaptive else "BA off"
         xs = [r["requests"] for r in rows]
-        axes[0].plot(xs, [r["completed"] for r in rows], "o-", color=colour, label=f"{label}: completed")
-        axes[0].plot(xs, [r["oom_failures"] for r in rows], "x--", color=colour, label=f"{label}: OOM")
-        axes[1].plot(xs, [r["peak_memory_bytes"] / 2**20 for r in rows], "o-", color=colour, label=label)
+        axes[0].plot(
+            xs, [r["completed"] for r in rows], "o-", color=colour, label=f"{label}: completed"
+        )
+        axes[0].plot(
+            xs, [r["oom_failures"] for r in rows], "x--", color=colour, label=f"{label}: OOM"
+        )
+        axes[1].plot(
+            xs, [r["peak_memory_bytes"] / 2**20 for r in rows], "o-", color=colour, label=label
+        )
     if budget:
         axes[1].axhline(budget / 2**20, color="k", ls=":", label="memory budget")
     axes[0].set_ylabel("requests")
@@ -161,12 +194,20 @@ def plot_proxy(results: ResultSet, out_dir: Path) -> list[Path]:
     """``proxy.png``: epoch time per model, decoupled server vs in-proxy execution (Table 5.1)."""
     fig, ax = plt.subplots(figsize=(6.5, 4))
     models = list(dict.fromkeys(r["model"] for r in results.rows))
-    for i, (execution, colour) in enumerate((("decoupled", "tab:blue"), ("in_proxy", "tab:orange"))):
+    for i, (execution, colour) in enumerate(
+        (("decoupled", "tab:blue"), ("in_proxy", "tab:orange"))
+    ):
         values = []
         for model in models:
-            match = [r["epoch_s"] for r in results.rows if r["model"] == model and r["execution"] == execution]
+            match = [
+                r["epoch_s"]
+                for r in results.rows
+                if r["model"] == model and r["execution"] == execution
+            ]
             values.append(match[0] if match else 0.0)
-        ax.bar([x + i * 0.4 for x in range(len(models))], values, 0.4, color=colour, label=execution)
+        ax.bar(
+            [x + i * 0.4 for x in range(len(models))], values, 0.4, color=colour, label=execution
+        )
     ax.set_xticks([x + 0.2 for x in range(len(models))], models)
     ax.set_ylabel("epoch time (s)")
     ax.set_title("in-proxy vs decoupled server (cf. Table 5.1)")
@@ -184,7 +225,11 @@ def plot_gars(results: ResultSet, out_dir: Path) -> list[Path]:
     for i, (d, n) in enumerate(cells):
         values = []
         for rule in rules:
-            match = [r["median_ms"] for r in results.rows if r["rule"] == rule and r["d"] == d and r["n"] == n]
+            match = [
+                r["median_ms"]
+                for r in results.rows
+                if r["rule"] == rule and r["d"] == d and r["n"] == n
+            ]
             values.append(match[0] if match else 0.0)
         ax.bar([x + i * width for x in range(len(rules))], values, width, label=f"n={n}, d={d:.0e}")
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rules))], rules, rotation=45, ha="right")

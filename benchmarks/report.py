@@ -59,7 +59,9 @@ def _hardware(results: list[ResultSet]) -> str:
     )
 
 
-def headline(e2e: ResultSet | None, model: str = "alexnet", rate: float = 100.0) -> dict[str, float] | None:
+def headline(
+    e2e: ResultSet | None, model: str = "alexnet", rate: float = 100.0
+) -> dict[str, float] | None:
     """BASELINE/HAPI bytes-per-iteration and epoch-time ratios and HAPI's ratio to its bound."""
     if e2e is None:
         return None
@@ -90,14 +92,36 @@ def _e2e_section(e2e: ResultSet, img: str) -> list[str]:
     ]
     table = []
     for r in rows:
-        table.append((
-            r["model"], f"{r['rate_target_mbit']:g} / {r['rate_measured_mbit']:.0f}" + (" ⚠" if r["rate_flagged"] else ""),
-            _MODE[r["mode"]], r["split_index"], r["epoch_s"], r["bytes_per_iteration"] / 1e6,
-            r["lower_bound_s"], r["bound_limiter"], r["bound_ratio"],
-        ))
-    out.append(markdown_table(
-        ("model", "Mbit/s target / measured", "mode", "split", "epoch s", "MB/iter", "lower bound s", "bound set by",
-         "epoch / bound"), table))
+        table.append(
+            (
+                r["model"],
+                f"{r['rate_target_mbit']:g} / {r['rate_measured_mbit']:.0f}"
+                + (" ⚠" if r["rate_flagged"] else ""),
+                _MODE[r["mode"]],
+                r["split_index"],
+                r["epoch_s"],
+                r["bytes_per_iteration"] / 1e6,
+                r["lower_bound_s"],
+                r["bound_limiter"],
+                r["bound_ratio"],
+            )
+        )
+    out.append(
+        markdown_table(
+            (
+                "model",
+                "Mbit/s target / measured",
+                "mode",
+                "split",
+                "epoch s",
+                "MB/iter",
+                "lower bound s",
+                "bound set by",
+                "epoch / bound",
+            ),
+            table,
+        )
+    )
     out.append("")
     speed = []
     for rate in sorted({r["rate_target_mbit"] for r in rows}):
@@ -106,13 +130,28 @@ def _e2e_section(e2e: ResultSet, img: str) -> list[str]:
             b = _find(rows, model=model, rate_target_mbit=rate, mode="baseline")
             a = _find(rows, model=model, rate_target_mbit=rate, mode="all_in_cos")
             if h and b:
-                speed.append((model, f"{rate:g}", b["epoch_s"] / h["epoch_s"],
-                              b["bytes_per_iteration"] / max(h["bytes_per_iteration"], 1.0),
-                              a["epoch_s"] / h["epoch_s"] if a else None))
+                speed.append(
+                    (
+                        model,
+                        f"{rate:g}",
+                        b["epoch_s"] / h["epoch_s"],
+                        b["bytes_per_iteration"] / max(h["bytes_per_iteration"], 1.0),
+                        a["epoch_s"] / h["epoch_s"] if a else None,
+                    )
+                )
     out += [
         "BASELINE / HAPI (higher is better for HAPI):",
         "",
-        markdown_table(("model", "Mbit/s", "epoch-time ratio", "bytes/iteration ratio", "ALL_IN_COS / HAPI time"), speed),
+        markdown_table(
+            (
+                "model",
+                "Mbit/s",
+                "epoch-time ratio",
+                "bytes/iteration ratio",
+                "ALL_IN_COS / HAPI time",
+            ),
+            speed,
+        ),
         "",
         f"Thesis, same experiment: {HEADLINES['bandwidth_sweep']}; {HEADLINES['data_per_iteration']}; "
         f"{HEADLINES['average_speedup']}.",
@@ -126,13 +165,16 @@ def _e2e_section(e2e: ResultSet, img: str) -> list[str]:
 def _e2e_why(e2e: ResultSet) -> str:
     rows = e2e.rows
     base = _find(rows, model="alexnet", rate_target_mbit=50.0, mode="baseline") or _find(
-        rows, model="alexnet", mode="baseline")
+        rows, model="alexnet", mode="baseline"
+    )
     numbers = ""
     if base and base.get("client_cpu_s") is not None and base.get("num_samples"):
         cpu_ms = 1e3 * base["client_cpu_s"] / base["num_samples"]
         link_ms = 1e3 * base["stored_bytes_per_sample"] * 8 / (base["rate_measured_mbit"] * 1e6)
-        numbers = (f" (AlexNet: {cpu_ms:.0f} ms of client CPU per image against {link_ms:.0f} ms of link time "
-                   f"at {base['rate_target_mbit']:g} Mbit/s)")
+        numbers = (
+            f" (AlexNet: {cpu_ms:.0f} ms of client CPU per image against {link_ms:.0f} ms of link time "
+            f"at {base['rate_target_mbit']:g} Mbit/s)"
+        )
     return (
         "Why ours differ: the thesis' server has two T4 GPUs and its client a GPU (or 16 cores), with "
         f"training batches in the thousands; here each side is one CPU core and the batch is {e2e.meta.get('batch_size')}. "
@@ -156,14 +198,22 @@ def _solver_table(results_dir: Path) -> list[str]:
         return []
     rows = json.loads(path.read_text()).get("results", [])
     table = [
-        (r["n"], r["regime"], r["solve"]["median_us"] / 1e3, (r.get("milp") or {}).get("median_us", 0) / 1e3 or None)
+        (
+            r["n"],
+            r["regime"],
+            r["solve"]["median_us"] / 1e3,
+            (r.get("milp") or {}).get("median_us", 0) / 1e3 or None,
+        )
         for r in rows
     ]
     return [
         "One decision alone (`benchmarks/solver.py`, `bench-results/solver.json`): the closed form against the "
         "thesis' formulation as a MILP (scipy/HiGHS):",
         "",
-        markdown_table(("queued requests", "memory regime", "closed form ms (median)", "MILP ms (median)"), table),
+        markdown_table(
+            ("queued requests", "memory regime", "closed form ms (median)", "MILP ms (median)"),
+            table,
+        ),
         "",
     ]
 
@@ -185,7 +235,9 @@ def _split_section(split: ResultSet, img: str) -> list[str]:
         cells = [b]
         for model in models:
             r = _find(rows, sweep="batch", model=model, batch_size=b)
-            cells.append(f"{r['split_index']} ({r['output_mb_per_iteration']:.1f} MB)" if r else None)
+            cells.append(
+                f"{r['split_index']} ({r['output_mb_per_iteration']:.1f} MB)" if r else None
+            )
         btable.append(cells)
     stored = split.meta.get("dataset", {}).get("stored_bytes_per_sample", 0)
     alex = [r for r in rows if r["model"] == "alexnet"]
@@ -206,8 +258,8 @@ def _split_section(split: ResultSet, img: str) -> list[str]:
         "",
         f"Thesis: {HEADLINES['split_vs_batch']}.",
         "",
-        "Where ours differ: at 3 Gbit/s and above the thesis picks layer 5, \"whose output is still smaller "
-        "than the raw input images\"; every AlexNet layer before 13 here outputs more than the 115 KB stored "
+        'Where ours differ: at 3 Gbit/s and above the thesis picks layer 5, "whose output is still smaller '
+        'than the raw input images"; every AlexNet layer before 13 here outputs more than the 115 KB stored '
         "JPEG (layer 5's 130 KB included), so the rule stops at 13. Our split 13 and 16 are the thesis' 13 "
         "and 16 (36,864 and 16,384 bytes per image: 105.6 MiB at batch 3000 and 62.5 MiB at batch 4000, as "
         "the thesis reports). Profiling "
@@ -224,12 +276,17 @@ def _tenants_section(tenants: ResultSet, img: str) -> list[str]:
     for n in counts:
         h = _find(rows, mode="hapi", tenants=n)
         a = _find(rows, mode="all_in_cos", tenants=n)
-        table.append((
-            n, h["makespan_s"] if h else None, h["avg_jct_s"] if h else None,
-            a["makespan_s"] if a else None, a["avg_jct_s"] if a else None,
-            a["makespan_s"] / h["makespan_s"] if a and h else None,
-            a["avg_jct_s"] / h["avg_jct_s"] if a and h else None,
-        ))
+        table.append(
+            (
+                n,
+                h["makespan_s"] if h else None,
+                h["avg_jct_s"] if h else None,
+                a["makespan_s"] if a else None,
+                a["avg_jct_s"] if a else None,
+                a["makespan_s"] / h["makespan_s"] if a and h else None,
+                a["avg_jct_s"] / h["avg_jct_s"] if a and h else None,
+            )
+        )
     return [
         "## Multi-tenancy: HAPI vs ALL_IN_COS (thesis Figure 5.11)",
         "",
@@ -238,8 +295,18 @@ def _tenants_section(tenants: ResultSet, img: str) -> list[str]:
         f"Each job: {tenants.meta.get('job')}; models round-robin; server memory budget "
         f"{tenants.meta.get('budget_bytes', 0) / 2**30:.1f} GiB; link {tenants.meta.get('link_check', {}).get('target_mbit')} Mbit/s.",
         "",
-        markdown_table(("jobs", "HAPI makespan s", "HAPI avg JCT s", "ALL_IN_COS makespan s", "ALL_IN_COS avg JCT s",
-                        "throughput gain (makespan)", "avg JCT gain"), table),
+        markdown_table(
+            (
+                "jobs",
+                "HAPI makespan s",
+                "HAPI avg JCT s",
+                "ALL_IN_COS makespan s",
+                "ALL_IN_COS avg JCT s",
+                "throughput gain (makespan)",
+                "avg JCT gain",
+            ),
+            table,
+        ),
         "",
         f"Thesis: {HEADLINES['tenants']}.",
         "",
@@ -260,15 +327,21 @@ def _adaptation_section(adapt: ResultSet, img: str, results_dir: Path) -> list[s
         on = _find(rows, adaptation=True, requests=k)
         off = _find(rows, adaptation=False, requests=k)
         thesis = TABLE_5_4.get(k)
-        table.append((
-            k,
-            f"{on['completed']}/{on['oom_failures']}" if on else None,
-            (on["peak_memory_bytes"] or 0) / 2**20 if on else None,
-            on["cut_share_pct"] if on else None, on["avg_cut_pct"] if on else None,
-            f"{off['completed']}/{off['oom_failures']}" if off else None,
-            (off["peak_memory_bytes"] or 0) / 2**20 if off and off["peak_memory_bytes"] else None,
-            thesis[0] if thesis else None, thesis[1] if thesis else None,
-        ))
+        table.append(
+            (
+                k,
+                f"{on['completed']}/{on['oom_failures']}" if on else None,
+                (on["peak_memory_bytes"] or 0) / 2**20 if on else None,
+                on["cut_share_pct"] if on else None,
+                on["avg_cut_pct"] if on else None,
+                f"{off['completed']}/{off['oom_failures']}" if off else None,
+                (off["peak_memory_bytes"] or 0) / 2**20
+                if off and off["peak_memory_bytes"]
+                else None,
+                thesis[0] if thesis else None,
+                thesis[1] if thesis else None,
+            )
+        )
     decisions = [r["decision_ms"] for r in rows if r.get("decision_ms") is not None]
     return [
         "## Batch adaptation (thesis Figure 5.13, Table 5.4)",
@@ -281,11 +354,27 @@ def _adaptation_section(adapt: ResultSet, img: str, results_dir: Path) -> list[s
         f"the memory budget is {adapt.meta.get('budget_bytes', 0) / 2**20:.0f} MiB, enforced with "
         f"{adapt.meta.get('enforcement')}.",
         "",
-        markdown_table(("parallel requests", "BA on: done/OOM", "BA on: peak MiB", "BA on: % cut", "BA on: avg cut %",
-                        "BA off: done/OOM", "BA off: peak MiB", "thesis % cut", "thesis avg cut %"), table),
+        markdown_table(
+            (
+                "parallel requests",
+                "BA on: done/OOM",
+                "BA on: peak MiB",
+                "BA on: % cut",
+                "BA on: avg cut %",
+                "BA off: done/OOM",
+                "BA off: peak MiB",
+                "thesis % cut",
+                "thesis avg cut %",
+            ),
+            table,
+        ),
         "",
-        (f"Solver decision time (server metrics): median {statistics.median(decisions):.3f} ms per round over "
-         "the points with a decision (the closed form; `benchmarks/solver.py` times it alone). " if decisions else "")
+        (
+            f"Solver decision time (server metrics): median {statistics.median(decisions):.3f} ms per round over "
+            "the points with a decision (the closed form; `benchmarks/solver.py` times it alone). "
+            if decisions
+            else ""
+        )
         + f"Thesis: {HEADLINES['adaptation']}.",
         "",
         *_solver_table(results_dir),
@@ -300,15 +389,27 @@ def _adaptation_section(adapt: ResultSet, img: str, results_dir: Path) -> list[s
 
 def _proxy_section(proxy: ResultSet, img: str) -> list[str]:
     if proxy.meta.get("unavailable"):
-        return ["## In-proxy vs decoupled (thesis Table 5.1)", "", f"Not available: {proxy.meta['unavailable']}.", ""]
+        return [
+            "## In-proxy vs decoupled (thesis Table 5.1)",
+            "",
+            f"Not available: {proxy.meta['unavailable']}.",
+            "",
+        ]
     rows = proxy.rows
     table = []
     for model in dict.fromkeys(r["model"] for r in rows):
         ip = _find(rows, model=model, execution="in_proxy")
         de = _find(rows, model=model, execution="decoupled")
         thesis = TABLE_5_1.get(model, {})
-        table.append((model, ip["epoch_s"] if ip else None, de["epoch_s"] if de else None,
-                      thesis.get("in_proxy"), thesis.get("decoupled")))
+        table.append(
+            (
+                model,
+                ip["epoch_s"] if ip else None,
+                de["epoch_s"] if de else None,
+                thesis.get("in_proxy"),
+                thesis.get("decoupled"),
+            )
+        )
     return [
         "## In-proxy vs decoupled server (thesis Table 5.1)",
         "",
@@ -317,7 +418,9 @@ def _proxy_section(proxy: ResultSet, img: str) -> list[str]:
         "One HAPI epoch (split at the freeze index) through Swift's HAPI filter, which either runs the model "
         "in the proxy's thread pool or forwards to the separate HAPI server.",
         "",
-        markdown_table(("model", "in-proxy s", "decoupled s", "thesis in-proxy s", "thesis decoupled s"), table),
+        markdown_table(
+            ("model", "in-proxy s", "decoupled s", "thesis in-proxy s", "thesis decoupled s"), table
+        ),
         "",
         "The thesis' requests ran on a GPU over full ImageNet shards (hundreds of seconds); ours are two "
         "shards on one CPU core with one request at a time in both modes, so only the ratio compares. With one "
@@ -366,7 +469,10 @@ def _load(results_dir: Path, name: str) -> ResultSet | None:
 
 def write_report(results_dir: Path, out_path: Path) -> Path:
     """Write the Markdown report of ``results_dir`` to ``out_path`` (plots copied beside it)."""
-    loaded = {name: _load(results_dir, name) for name in ("e2e", "split", "tenants", "adaptation", "proxy", "gars")}
+    loaded = {
+        name: _load(results_dir, name)
+        for name in ("e2e", "split", "tenants", "adaptation", "proxy", "gars")
+    }
     present = [r for r in loaded.values() if r is not None]
     out_path.parent.mkdir(parents=True, exist_ok=True)
     same_dir = out_path.parent.resolve() == results_dir.resolve()
@@ -376,7 +482,9 @@ def write_report(results_dir: Path, out_path: Path) -> Path:
         for png in results_dir.glob("*.png"):
             shutil.copy2(png, out_path.parent / "img" / png.name)
     quick = any(r.meta.get("quick") for r in present)
-    loads = [r.meta.get(k, [0.0])[0] for r in present for k in ("load_average_start", "load_average_end")]
+    loads = [
+        r.meta.get(k, [0.0])[0] for r in present for k in ("load_average_start", "load_average_end")
+    ]
     lines = [
         "# Results",
         "",

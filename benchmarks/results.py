@@ -38,8 +38,16 @@ class ResultSet:
     @classmethod
     def start(cls, scenario: str, **meta: Any) -> ResultSet:
         # The load average says whether anything else competed for the cores meanwhile.
-        return cls(scenario, {"scenario": scenario, "started": _now(), "machine": machine_info(),
-                              "load_average_start": os.getloadavg(), **meta})
+        return cls(
+            scenario,
+            {
+                "scenario": scenario,
+                "started": _now(),
+                "machine": machine_info(),
+                "load_average_start": os.getloadavg(),
+                **meta,
+            },
+        )
 
     def add(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
@@ -68,7 +76,9 @@ class ResultSet:
         self.meta["finished"] = _now()
         self.meta["load_average_end"] = os.getloadavg()
         json_path = out_dir / f"{self.scenario}.json"
-        json_path.write_text(json.dumps({"meta": self.meta, "rows": self.rows}, indent=2, default=str) + "\n")
+        json_path.write_text(
+            json.dumps({"meta": self.meta, "rows": self.rows}, indent=2, default=str) + "\n"
+        )
         csv_path = out_dir / f"{self.scenario}.csv"
         extra = self._csv_meta()
         columns: list[str] = []

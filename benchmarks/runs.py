@@ -49,7 +49,12 @@ class RunSpec:
 
 
 def warm_server(
-    testbed: Testbed, models: list[StoredModel], container: str, manifest: DatasetManifest, *, via: str = "hapi"
+    testbed: Testbed,
+    models: list[StoredModel],
+    container: str,
+    manifest: DatasetManifest,
+    *,
+    via: str = "hapi",
 ) -> None:
     """Load each model into the HAPI server's weights cache with one cheap extraction.
 
@@ -101,7 +106,9 @@ def measured_finetune(
     if rate_from_first_data:
         testbed.set_rate(None)
     stack = testbed.stack
-    client = testbed.client(via=spec.via, retry=RetryPolicy(attempts=8, backoff_s=0.2, max_backoff_s=4.0))
+    client = testbed.client(
+        via=spec.via, retry=RetryPolicy(attempts=8, backoff_s=0.2, max_backoff_s=4.0)
+    )
     probe = ClientProbe(
         client,
         models_container=MODELS_CONTAINER,
@@ -158,7 +165,9 @@ def measured_finetune(
         "freeze_index": result.freeze_index,
         "split_index": first.split_index,
         "split_reason": split.reason if split else None,
-        "bandwidth_estimate_mbit": None if first.bandwidth_mbit_s is None else round(first.bandwidth_mbit_s, 2),
+        "bandwidth_estimate_mbit": None
+        if first.bandwidth_mbit_s is None
+        else round(first.bandwidth_mbit_s, 2),
         "epoch_s": round(first.seconds, 3),
         "iterations": first.iterations,
         "bytes_received": first.bytes_received,
@@ -166,7 +175,9 @@ def measured_finetune(
         "requests": first.requests,
         "samples_per_s": round(first.samples_per_s, 2),
         "train_accuracy": round(first.train_accuracy, 4),
-        "eval_accuracy": None if result.history[-1].eval_accuracy is None else round(result.history[-1].eval_accuracy, 4),
+        "eval_accuracy": None
+        if result.history[-1].eval_accuracy is None
+        else round(result.history[-1].eval_accuracy, 4),
         "loss": round(first.loss, 4),
         "client_cpu_s": round(parts.client_cpu, 3),
         "storage_cpu_s": round(parts.storage_cpu, 3),
@@ -183,13 +194,23 @@ def measured_finetune(
         "setup_s": round(epoch_start - started, 2),
         "run_s": round(ended - started, 2),
         "extract_timeline": [
-            {"shard": r.shard, "start_s": round(r.started - epoch_start, 3), "seconds": round(r.seconds, 3),
-             "server_ms": r.server_ms, "cos_batches": r.cos_batch_sizes}
+            {
+                "shard": r.shard,
+                "start_s": round(r.started - epoch_start, 3),
+                "seconds": round(r.seconds, 3),
+                "server_ms": r.server_ms,
+                "cos_batches": r.cos_batch_sizes,
+            }
             for r in sorted(probe.extracts, key=lambda r: r.started)
         ],
         "epochs": [
-            {"epoch": m.epoch, "seconds": round(m.seconds, 3), "bytes_received": m.bytes_received,
-             "requests": m.requests, "eval_accuracy": m.eval_accuracy}
+            {
+                "epoch": m.epoch,
+                "seconds": round(m.seconds, 3),
+                "bytes_received": m.bytes_received,
+                "requests": m.requests,
+                "eval_accuracy": m.eval_accuracy,
+            }
             for m in result.history
         ],
     }

@@ -132,8 +132,12 @@ class _Requester:
         spec = hapi_models.get_spec(stored.arch)
         t = spec.transform
         self.request = ExtractRequest(
-            container=container, shard=shard, model=stored.ref(), split_index=spec.default_freeze_index,
-            transform=TransformSpec(resize=t.resize, crop=t.crop, mean=t.mean, std=t.std), b_max=SHARD,
+            container=container,
+            shard=shard,
+            model=stored.ref(),
+            split_index=spec.default_freeze_index,
+            transform=TransformSpec(resize=t.resize, crop=t.crop, mean=t.mean, std=t.std),
+            b_max=SHARD,
         )
 
     def fire(self, k: int, split_index: int | None = None) -> list[Outcome]:
@@ -169,7 +173,9 @@ def _measure_one(requester: _Requester, pid: int) -> int:
     return _status_field(pid, "VmHWM") - idle
 
 
-def _point(requester: _Requester, testbed: Testbed, pid: int, k: int, adaptive: bool) -> dict[str, Any]:
+def _point(
+    requester: _Requester, testbed: Testbed, pid: int, k: int, adaptive: bool
+) -> dict[str, Any]:
     idle = _status_field(pid, "VmRSS")
     _reset_peak(pid)
     before = _decision_totals(testbed.stack.hapi_url)
@@ -180,7 +186,11 @@ def _point(requester: _Requester, testbed: Testbed, pid: int, k: int, adaptive: 
     peak = _status_field(pid, "VmHWM") - idle if alive else None
     after = _decision_totals(testbed.stack.hapi_url) if alive else before
     done = [o for o in outcomes if o.ok]
-    cuts = [1 - max(o.cos_batch_sizes) / SHARD for o in done if o.cos_batch_sizes and max(o.cos_batch_sizes) < SHARD]
+    cuts = [
+        1 - max(o.cos_batch_sizes) / SHARD
+        for o in done
+        if o.cos_batch_sizes and max(o.cos_batch_sizes) < SHARD
+    ]
     decisions = after[1] - before[1]
     return {
         "adaptation": adaptive,
@@ -201,8 +211,13 @@ def _point(requester: _Requester, testbed: Testbed, pid: int, k: int, adaptive: 
 
 
 def _start(testbed: Testbed, adaptive: bool, budget: int | None, weights: int) -> int:
-    settings: dict[str, object] = {"adaptation": adaptive, "b_min": 25, "adaptation_window_s": 0.02,
-                                   "max_concurrent_per_device": 8, "framework_reserve_bytes": 0}
+    settings: dict[str, object] = {
+        "adaptation": adaptive,
+        "b_min": 25,
+        "adaptation_window_s": 0.02,
+        "max_concurrent_per_device": 8,
+        "framework_reserve_bytes": 0,
+    }
     if budget is not None:
         settings["cpu_memory_budget_bytes"] = budget + weights
     testbed.start_stack(settings=settings, env=_MALLOC_ENV)
@@ -220,7 +235,9 @@ def run_adaptation(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
     testbed.set_rate(None)
     conn = testbed.connection()
     try:
-        data = ensure_dataset(conn, photos_spec("train", SHARD // 10), f"bench-adapt-{SHARD}", SHARD)
+        data = ensure_dataset(
+            conn, photos_spec("train", SHARD // 10), f"bench-adapt-{SHARD}", SHARD
+        )
         stored = ensure_models(conn, [ARCH])[ARCH]
     finally:
         conn.close()
@@ -229,8 +246,11 @@ def run_adaptation(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
     requester.fire(8, split_index=1)  # loads the weights and starts every worker thread
     one = _measure_one(requester, pid)
     budget = int(HEADROOM * one)
-    print(f"[adaptation] one request of {SHARD} images ({ARCH}, split {requester.request.split_index}) "
-          f"peaks at {one / 2**20:.0f} MiB; budget {budget / 2**20:.0f} MiB", flush=True)
+    print(
+        f"[adaptation] one request of {SHARD} images ({ARCH}, split {requester.request.split_index}) "
+        f"peaks at {one / 2**20:.0f} MiB; budget {budget / 2**20:.0f} MiB",
+        flush=True,
+    )
     results = ResultSet.start(
         "adaptation",
         testbed=testbed.describe(),
@@ -245,8 +265,11 @@ def run_adaptation(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
         weights_bytes=weights,
         enforcement="RLIMIT_DATA of the HAPI server = idle data + budget; glibc with fixed mmap/trim "
         "thresholds (blocks over 128 KiB returned on free)",
-        dataset={"container": data.container, "source": data.manifest.source,
-                 "stored_bytes_per_sample": data.manifest.mean_shard_bytes_per_sample},
+        dataset={
+            "container": data.container,
+            "source": data.manifest.source,
+            "stored_bytes_per_sample": data.manifest.mean_shard_bytes_per_sample,
+        },
     )
     for adaptive in (True, False):
         pid = _start(testbed, adaptive, budget, weights)
@@ -256,20 +279,30 @@ def run_adaptation(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
         resource.prlimit(pid, resource.RLIMIT_DATA, (limit, limit))
         for k in counts:
             if not Path(f"/proc/{pid}").exists():
-                pid = _start(testbed, adaptive, budget, weights)  # an OOM took the whole server down
+                pid = _start(
+                    testbed, adaptive, budget, weights
+                )  # an OOM took the whole server down
                 requester = _Requester(testbed, stored, data.container, shard)
                 requester.fire(8, split_index=1)
                 limit = _status_field(pid, "VmData") + budget
                 resource.prlimit(pid, resource.RLIMIT_DATA, (limit, limit))
             row = _point(requester, testbed, pid, k, adaptive)
-            row.update(model=ARCH, dataset=data.container, dataset_source=data.manifest.source,
-                       stored_bytes_per_sample=round(data.manifest.mean_shard_bytes_per_sample, 1),
-                       rate_target_mbit=None, budget_bytes=budget)
+            row.update(
+                model=ARCH,
+                dataset=data.container,
+                dataset_source=data.manifest.source,
+                stored_bytes_per_sample=round(data.manifest.mean_shard_bytes_per_sample, 1),
+                rate_target_mbit=None,
+                budget_bytes=budget,
+            )
             results.add(row)
             results.write(Path(out_dir))
-            print(f"[adaptation] BA {'on ' if adaptive else 'off'} {k} requests: {row['completed']} completed, "
-                  f"{row['oom_failures']} OOM, peak {(row['peak_memory_bytes'] or 0) / 2**20:.0f} MiB, "
-                  f"{row['cut_share_pct']}% cut by {row['avg_cut_pct']}%", flush=True)
+            print(
+                f"[adaptation] BA {'on ' if adaptive else 'off'} {k} requests: {row['completed']} completed, "
+                f"{row['oom_failures']} OOM, peak {(row['peak_memory_bytes'] or 0) / 2**20:.0f} MiB, "
+                f"{row['cut_share_pct']}% cut by {row['avg_cut_pct']}%",
+                flush=True,
+            )
     testbed.stop_stack()
     out = Path(out_dir)
     paths = results.write(out) + plot_adaptation(results, out)

@@ -16,7 +16,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+from hapi_client.finetune import Mode
 
 from .data import ensure_dataset, ensure_models, photos_spec
 from .plots import plot_e2e
@@ -57,21 +59,37 @@ def e2e_grid(quick: bool, *, tiny: bool = False) -> E2EGrid:
     """The grid of ``hapi bench e2e`` (``tiny``: one small run per mode, for tests)."""
     if tiny:
         runs = tuple((100.0, "efficientnet_lite0", mode) for mode in MODES)
-        return E2EGrid(runs, 2, 10, 10, "tiny: EfficientNet-Lite0 at 100 Mbit/s on 20 images (a smoke test)")
+        return E2EGrid(
+            runs, 2, 10, 10, "tiny: EfficientNet-Lite0 at 100 Mbit/s on 20 images (a smoke test)"
+        )
     if quick:
-        quick_runs = [(rate, "alexnet", mode) for rate in RATES_MBIT for mode in MODES
-                      if mode != "all_in_cos" or rate in (100.0, 1000.0)]
+        quick_runs = [
+            (rate, "alexnet", mode)
+            for rate in RATES_MBIT
+            for mode in MODES
+            if mode != "all_in_cos" or rate in (100.0, 1000.0)
+        ]
         quick_runs += [(100.0, model, mode) for model in MODELS[1:] for mode in MODES]
         return E2EGrid(
-            tuple(quick_runs), 30, 50, 50,
+            tuple(quick_runs),
+            30,
+            50,
+            50,
             "quick: AlexNet at 50/100/500/1000 Mbit/s (ALL_IN_COS at 100 and 1000 only), ResNet18 and "
             "EfficientNet-Lite0 at 100 Mbit/s only, 300 training images",
         )
     full = [(rate, model, mode) for rate in RATES_MBIT for model in MODELS for mode in MODES]
-    full += [(rate, "alexnet", mode) for rate in THESIS_SWEEP_MBIT if rate not in RATES_MBIT
-             for mode in ("baseline", "hapi")]
+    full += [
+        (rate, "alexnet", mode)
+        for rate in THESIS_SWEEP_MBIT
+        if rate not in RATES_MBIT
+        for mode in ("baseline", "hapi")
+    ]
     return E2EGrid(
-        tuple(full), 50, 50, 50,
+        tuple(full),
+        50,
+        50,
+        50,
         "full: every model at 50/100/500/1000 Mbit/s, plus AlexNet HAPI/BASELINE over the "
         "thesis' 0.05-15 Gbit/s sweep, 500 training images",
     )
@@ -86,8 +104,12 @@ def run_e2e(testbed: Testbed, out_dir: str, quick: bool = True, tiny: bool = Fal
     testbed.set_rate(None)
     conn = testbed.connection()
     try:
-        train = ensure_dataset(conn, photos_spec("train", grid.per_class), f"bench-photos-{grid.per_class}",
-                               grid.shard_size)
+        train = ensure_dataset(
+            conn,
+            photos_spec("train", grid.per_class),
+            f"bench-photos-{grid.per_class}",
+            grid.shard_size,
+        )
         stored = ensure_models(conn, grid.models)
     finally:
         conn.close()
@@ -98,9 +120,12 @@ def run_e2e(testbed: Testbed, out_dir: str, quick: bool = True, tiny: bool = Fal
         testbed=testbed.describe(),
         grid=grid.note,
         quick=quick,
-        dataset={"container": train.container, "source": train.manifest.source,
-                 "num_samples": train.manifest.num_samples,
-                 "stored_bytes_per_sample": train.manifest.mean_shard_bytes_per_sample},
+        dataset={
+            "container": train.container,
+            "source": train.manifest.source,
+            "num_samples": train.manifest.num_samples,
+            "stored_bytes_per_sample": train.manifest.mean_shard_bytes_per_sample,
+        },
         batch_size=grid.batch_size,
         link_checks=[],
         shaping_note="the link is unshaped while the client loads the model (a user caches it) and "
@@ -115,8 +140,15 @@ def run_e2e(testbed: Testbed, out_dir: str, quick: bool = True, tiny: bool = Fal
         for run_rate, model, mode in grid.runs:
             if run_rate != rate:
                 continue
-            spec = RunSpec(stored[model], mode, train.container, train.manifest, rate,  # type: ignore[arg-type]
-                           batch_size=grid.batch_size, progress=not tiny)
+            spec = RunSpec(
+                stored[model],
+                cast(Mode, mode),
+                train.container,
+                train.manifest,
+                rate,  # type: ignore[arg-type]
+                batch_size=grid.batch_size,
+                progress=not tiny,
+            )
             _, row = measured_finetune(testbed, spec, check)
             results.add(row)
             print(

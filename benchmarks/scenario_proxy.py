@@ -38,7 +38,9 @@ def in_proxy_available() -> str | None:
 def run_proxy(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
     """The ``proxy`` scenario; writes ``proxy.json`` and ``proxy.csv`` (or says it is unavailable)."""
     archs = ["alexnet", "resnet18"] if quick else ["alexnet", "resnet18", "resnet50", "densenet121"]
-    results = ResultSet.start("proxy", testbed=testbed.describe(), quick=quick, thesis_table_5_1=TABLE_5_1)
+    results = ResultSet.start(
+        "proxy", testbed=testbed.describe(), quick=quick, thesis_table_5_1=TABLE_5_1
+    )
     missing = in_proxy_available()
     out = Path(out_dir)
     if missing is not None:
@@ -62,14 +64,26 @@ def run_proxy(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
         testbed.set_rate(RATE_MBIT)
         check = testbed.measure_link()
         for arch in archs:
-            spec = RunSpec(stored[arch], "hapi", data.container, data.manifest, RATE_MBIT, batch_size=50,
-                           split="freeze", progress=False, via="swift")
+            spec = RunSpec(
+                stored[arch],
+                "hapi",
+                data.container,
+                data.manifest,
+                RATE_MBIT,
+                batch_size=50,
+                split="freeze",
+                progress=False,
+                via="swift",
+            )
             _, row = measured_finetune(testbed, spec, check)
             row["execution"] = execution
             row["thesis_seconds"] = TABLE_5_1.get(arch, {}).get(execution)
             results.add(row)
-            print(f"[proxy] {arch:12s} {execution:9s}: epoch {row['epoch_s']:6.2f} s "
-                  f"(storage CPU {row['storage_cpu_s']:.2f} s)", flush=True)
+            print(
+                f"[proxy] {arch:12s} {execution:9s}: epoch {row['epoch_s']:6.2f} s "
+                f"(storage CPU {row['storage_cpu_s']:.2f} s)",
+                flush=True,
+            )
         results.meta.setdefault("link_checks", []).append(check.as_dict())
     testbed.stop_stack()
     paths = results.write(out) + plot_proxy(results, out)

@@ -55,7 +55,10 @@ def run_split(out_dir: str, quick: bool = True) -> int:
         dataset={"source": spec, "stored_bytes_per_sample": input_bytes},
         batch_for_bandwidth=BATCH_FOR_BANDWIDTH,
         bandwidth_for_batch_gbit=BANDWIDTH_FOR_BATCH_GBIT,
-        thesis_table_5_3={"bandwidth_gbit": list(TABLE_5_3), "split_index": list(TABLE_5_3.values())},
+        thesis_table_5_3={
+            "bandwidth_gbit": list(TABLE_5_3),
+            "split_index": list(TABLE_5_3.values()),
+        },
         testbed={"link": "none (profile only)"},
     )
     for arch in archs:
@@ -69,7 +72,9 @@ def run_split(out_dir: str, quick: bool = True) -> int:
         points += [("batch", BANDWIDTH_FOR_BATCH_GBIT, b) for b in BATCHES]
         for sweep, gbit, batch in points:
             t0 = time.perf_counter()
-            decision = choose_split_index(profile, input_bytes, batch, gbit * 1e9 / 8, spec_.default_freeze_index)
+            decision = choose_split_index(
+                profile, input_bytes, batch, gbit * 1e9 / 8, spec_.default_freeze_index
+            )
             choose_us = (time.perf_counter() - t0) * 1e6
             results.add(
                 {
@@ -79,7 +84,9 @@ def run_split(out_dir: str, quick: bool = True) -> int:
                     "batch_size": batch,
                     "freeze_index": spec_.default_freeze_index,
                     "split_index": decision.split_index,
-                    "thesis_split_index": TABLE_5_3.get(gbit) if arch == "alexnet" and sweep == "bandwidth" else None,
+                    "thesis_split_index": TABLE_5_3.get(gbit)
+                    if arch == "alexnet" and sweep == "bandwidth"
+                    else None,
                     "output_mb_per_iteration": round(decision.output_bytes_per_batch / 1e6, 2),
                     "input_mb_per_iteration": round(decision.input_bytes_per_batch / 1e6, 2),
                     "stored_bytes_per_sample": round(input_bytes, 1),
@@ -92,6 +99,10 @@ def run_split(out_dir: str, quick: bool = True) -> int:
     paths = results.write(out) + plot_split(results, out)
     for arch in archs:
         row = [r for r in results.rows if r["model"] == arch and r["sweep"] == "bandwidth"]
-        print(f"[split] {arch:18s} " + " ".join(f"{r['bandwidth_gbit']:g}G:{r['split_index']}" for r in row), flush=True)
+        print(
+            f"[split] {arch:18s} "
+            + " ".join(f"{r['bandwidth_gbit']:g}G:{r['split_index']}" for r in row),
+            flush=True,
+        )
     print("[split] wrote " + ", ".join(str(p) for p in paths), flush=True)
     return 0

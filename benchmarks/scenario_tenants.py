@@ -42,15 +42,24 @@ def _run_round(testbed: Testbed, specs: list[RunSpec], check: Any) -> dict[str, 
 
     def tenant(i: int) -> None:
         try:
-            _, rows[i] = measured_finetune(testbed, specs[i], check, barrier=barrier, sampler=sampler,
-                                           rate_from_first_data=False)
+            _, rows[i] = measured_finetune(
+                testbed,
+                specs[i],
+                check,
+                barrier=barrier,
+                sampler=sampler,
+                rate_from_first_data=False,
+            )
             ends[i] = time.perf_counter()
         except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
             errors.append(exc)
             barrier.abort()
 
     with Sampler(list(stack.pids.values()), stack.server_pid, testbed.link) as sampler:
-        threads = [threading.Thread(target=tenant, args=(i,), name=f"tenant-{i}") for i in range(len(specs))]
+        threads = [
+            threading.Thread(target=tenant, args=(i,), name=f"tenant-{i}")
+            for i in range(len(specs))
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -75,11 +84,15 @@ def run_tenants(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
     """The ``tenants`` scenario on ``testbed``; writes ``tenants.json``, ``tenants.csv``, ``tenants.png``."""
     counts = (1, 2, 4, 8) if quick else tuple(range(1, 11))
     # Jobs run concurrently on the server (as on the thesis' GPUs), within the memory budget.
-    testbed.start_stack(settings={"cpu_memory_budget_bytes": BUDGET_BYTES, "max_concurrent_per_device": 8})
+    testbed.start_stack(
+        settings={"cpu_memory_budget_bytes": BUDGET_BYTES, "max_concurrent_per_device": 8}
+    )
     testbed.set_rate(None)
     conn = testbed.connection()
     try:
-        data = ensure_dataset(conn, photos_spec("train", SHARD // 10), f"bench-tenants-{SHARD}", SHARD)
+        data = ensure_dataset(
+            conn, photos_spec("train", SHARD // 10), f"bench-tenants-{SHARD}", SHARD
+        )
         stored = ensure_models(conn, list(TENANT_MODELS))
     finally:
         conn.close()
@@ -93,25 +106,45 @@ def run_tenants(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
         quick=quick,
         link_check=check.as_dict(),
         budget_bytes=BUDGET_BYTES,
-        dataset={"container": data.container, "source": data.manifest.source,
-                 "stored_bytes_per_sample": data.manifest.mean_shard_bytes_per_sample},
+        dataset={
+            "container": data.container,
+            "source": data.manifest.source,
+            "stored_bytes_per_sample": data.manifest.mean_shard_bytes_per_sample,
+        },
         job="one shard of 40 photos, training batch 40 (one request), 1 epoch; HAPI split = freeze index",
     )
     for mode in ("hapi", "all_in_cos"):
         for n in counts:
             specs = [
-                RunSpec(stored[TENANT_MODELS[i % len(TENANT_MODELS)]], mode, data.container, data.manifest,  # type: ignore[arg-type]
-                        RATE_MBIT, batch_size=SHARD, split="freeze", progress=False)
+                RunSpec(
+                    stored[TENANT_MODELS[i % len(TENANT_MODELS)]],
+                    mode,
+                    data.container,
+                    data.manifest,  # type: ignore[arg-type]
+                    RATE_MBIT,
+                    batch_size=SHARD,
+                    split="freeze",
+                    progress=False,
+                )
                 for i in range(n)
             ]
-            row = {"mode": mode, "tenants": n, "dataset": data.container, "rate_target_mbit": RATE_MBIT,
-                   "rate_measured_mbit": round(check.measured_mbit, 2), "rate_flagged": check.flagged,
-                   "stored_bytes_per_sample": round(data.manifest.mean_shard_bytes_per_sample, 1),
-                   **_run_round(testbed, specs, check)}
+            row = {
+                "mode": mode,
+                "tenants": n,
+                "dataset": data.container,
+                "rate_target_mbit": RATE_MBIT,
+                "rate_measured_mbit": round(check.measured_mbit, 2),
+                "rate_flagged": check.flagged,
+                "stored_bytes_per_sample": round(data.manifest.mean_shard_bytes_per_sample, 1),
+                **_run_round(testbed, specs, check),
+            }
             results.add(row)
             results.write(Path(out_dir))
-            print(f"[tenants] {mode:10s} {n:2d} jobs: makespan {row['makespan_s']:7.2f} s, "
-                  f"average JCT {row['avg_jct_s']:7.2f} s", flush=True)
+            print(
+                f"[tenants] {mode:10s} {n:2d} jobs: makespan {row['makespan_s']:7.2f} s, "
+                f"average JCT {row['avg_jct_s']:7.2f} s",
+                flush=True,
+            )
     out = Path(out_dir)
     paths = results.write(out) + plot_tenants(results, out)
     print("[tenants] wrote " + ", ".join(str(p) for p in paths), flush=True)

@@ -34,18 +34,43 @@ class Scenario:
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
-        Scenario("split", "chosen split vs bandwidth and batch (Table 5.3, Fig 5.12); profile only",
-                 "hapi_bench.scenario_split:run_split", False),
-        Scenario("gars", "aggregation-rule timing (benchmarks/gars.py)",
-                 "hapi_bench.scenario_gars:run_gars", False),
-        Scenario("e2e", "epoch time and bytes/iteration of BASELINE, HAPI, ALL_IN_COS over shaped links "
-                 "(Fig 5.9, 5.10)", "hapi_bench.scenario_e2e:run_e2e", True),
-        Scenario("tenants", "1..10 simultaneous jobs, HAPI vs ALL_IN_COS (Fig 5.11)",
-                 "hapi_bench.scenario_tenants:run_tenants", True),
-        Scenario("adaptation", "batch adaptation on/off under a memory budget (Fig 5.13, Table 5.4)",
-                 "hapi_bench.scenario_adaptation:run_adaptation", True),
-        Scenario("proxy", "decoupled HAPI server vs in-proxy execution (Table 5.1)",
-                 "hapi_bench.scenario_proxy:run_proxy", True),
+        Scenario(
+            "split",
+            "chosen split vs bandwidth and batch (Table 5.3, Fig 5.12); profile only",
+            "hapi_bench.scenario_split:run_split",
+            False,
+        ),
+        Scenario(
+            "gars",
+            "aggregation-rule timing (benchmarks/gars.py)",
+            "hapi_bench.scenario_gars:run_gars",
+            False,
+        ),
+        Scenario(
+            "e2e",
+            "epoch time and bytes/iteration of BASELINE, HAPI, ALL_IN_COS over shaped links "
+            "(Fig 5.9, 5.10)",
+            "hapi_bench.scenario_e2e:run_e2e",
+            True,
+        ),
+        Scenario(
+            "tenants",
+            "1..10 simultaneous jobs, HAPI vs ALL_IN_COS (Fig 5.11)",
+            "hapi_bench.scenario_tenants:run_tenants",
+            True,
+        ),
+        Scenario(
+            "adaptation",
+            "batch adaptation on/off under a memory budget (Fig 5.13, Table 5.4)",
+            "hapi_bench.scenario_adaptation:run_adaptation",
+            True,
+        ),
+        Scenario(
+            "proxy",
+            "decoupled HAPI server vs in-proxy execution (Table 5.1)",
+            "hapi_bench.scenario_proxy:run_proxy",
+            True,
+        ),
     )
 }
 #: The order of ``all``: the fast, stack-free ones first.
@@ -68,8 +93,10 @@ def _run_each(names: list[str], call: Callable[[Scenario], int]) -> int:
         except Exception:  # noqa: BLE001 - one scenario's failure must not lose the others
             traceback.print_exc()
             code = 1
-        print(f"== {name}: {'done' if code == 0 else 'FAILED'} in {time.perf_counter() - started:.0f} s",
-              flush=True)
+        print(
+            f"== {name}: {'done' if code == 0 else 'FAILED'} in {time.perf_counter() - started:.0f} s",
+            flush=True,
+        )
         if code != 0:
             failed.append(name)
     if failed:
@@ -79,7 +106,10 @@ def _run_each(names: list[str], call: Callable[[Scenario], int]) -> int:
 
 def testbed_job(testbed: Testbed, names: list[str], out_dir: str, quick: bool) -> int:
     """Run the testbed scenarios ``names`` one after the other on ``testbed``."""
-    print(f"== testbed: {testbed.kind} link ({testbed.link.method}); {testbed.cores.describe()}", flush=True)
+    print(
+        f"== testbed: {testbed.kind} link ({testbed.link.method}); {testbed.cores.describe()}",
+        flush=True,
+    )
     try:
         return _run_each(names, lambda s: _function(s.entry)(testbed, out_dir=out_dir, quick=quick))
     finally:
@@ -87,7 +117,12 @@ def testbed_job(testbed: Testbed, names: list[str], out_dir: str, quick: bool) -
 
 
 def run_scenarios(
-    names: list[str], out_dir: Path, *, quick: bool, state_dir: Path, shaping: bool | None = None,
+    names: list[str],
+    out_dir: Path,
+    *,
+    quick: bool,
+    state_dir: Path,
+    shaping: bool | None = None,
     nice: int = 0,
 ) -> int:
     """Run ``names`` (``all`` for every scenario) and return an exit code (1 if any failed).
@@ -98,12 +133,16 @@ def run_scenarios(
         names = list(ORDER)
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
-        raise ScenarioError(f"unknown scenario {', '.join(unknown)}; choose from {', '.join(ORDER)} or all")
+        raise ScenarioError(
+            f"unknown scenario {', '.join(unknown)}; choose from {', '.join(ORDER)} or all"
+        )
     local = [n for n in names if not SCENARIOS[n].testbed]
     remote = [n for n in names if SCENARIOS[n].testbed]
     out = str(out_dir.resolve())
     code = _run_each(local, lambda s: _function(s.entry)(out_dir=out, quick=quick)) if local else 0
     if remote:
         kwargs = {"names": remote, "out_dir": out, "quick": quick}
-        code |= run_job("hapi_bench.scenarios:testbed_job", kwargs, state_dir, shaping=shaping, nice=nice)
+        code |= run_job(
+            "hapi_bench.scenarios:testbed_job", kwargs, state_dir, shaping=shaping, nice=nice
+        )
     return code

@@ -135,9 +135,7 @@ class NetnsLink:
     """A veth pair from this process's namespace to the one of ``peer_pid``, htb on both ends."""
 
     kind = "netns"
-    method = (
-        "tc htb on a veth pair between two private network namespaces (client | Swift + HAPI server)"
-    )
+    method = "tc htb on a veth pair between two private network namespaces (client | Swift + HAPI server)"
 
     def __init__(self, peer_pid: int) -> None:
         self.peer_pid = peer_pid
@@ -150,17 +148,50 @@ class NetnsLink:
         _run(["ip", "link", "set", "lo", "up"])
         _run(
             [
-                "ip", "link", "add", CLIENT_IFACE, "type", "veth",
-                "peer", "name", STORAGE_IFACE, "netns", str(peer_pid),
+                "ip",
+                "link",
+                "add",
+                CLIENT_IFACE,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                STORAGE_IFACE,
+                "netns",
+                str(peer_pid),
             ]
         )
-        for iface, addr, pid in ((CLIENT_IFACE, CLIENT_ADDR, None), (STORAGE_IFACE, STORAGE_ADDR, peer_pid)):
+        for iface, addr, pid in (
+            (CLIENT_IFACE, CLIENT_ADDR, None),
+            (STORAGE_IFACE, STORAGE_ADDR, peer_pid),
+        ):
             _run(["ip", "addr", "add", f"{addr}/{_PREFIX}", "dev", iface], pid)
             _run(["ip", "link", "set", iface, "up"], pid)
-            _run(["tc", "qdisc", "add", "dev", iface, "root", "handle", "1:", "htb", "default", "10"], pid)
+            _run(
+                [
+                    "tc",
+                    "qdisc",
+                    "add",
+                    "dev",
+                    iface,
+                    "root",
+                    "handle",
+                    "1:",
+                    "htb",
+                    "default",
+                    "10",
+                ],
+                pid,
+            )
             _run(link._class_command("add", iface, _OPEN_MBIT), pid)
-        log.info("veth %s (%s) <-> %s (%s, pid %d's namespace)", CLIENT_IFACE, CLIENT_ADDR,
-                 STORAGE_IFACE, STORAGE_ADDR, peer_pid)
+        log.info(
+            "veth %s (%s) <-> %s (%s, pid %d's namespace)",
+            CLIENT_IFACE,
+            CLIENT_ADDR,
+            STORAGE_IFACE,
+            STORAGE_ADDR,
+            peer_pid,
+        )
         return link
 
     @staticmethod
@@ -168,8 +199,24 @@ class NetnsLink:
         rate = f"{mbit:g}mbit"
         burst = _htb_burst(mbit)
         return [
-            "tc", "class", action, "dev", iface, "parent", "1:", "classid", "1:10",
-            "htb", "rate", rate, "ceil", rate, "burst", burst, "cburst", burst,
+            "tc",
+            "class",
+            action,
+            "dev",
+            iface,
+            "parent",
+            "1:",
+            "classid",
+            "1:10",
+            "htb",
+            "rate",
+            rate,
+            "ceil",
+            rate,
+            "burst",
+            burst,
+            "cburst",
+            burst,
         ]
 
     @property

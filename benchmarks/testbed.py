@@ -46,8 +46,15 @@ from .shaping import (
     shaping_support,
 )
 
-__all__ = ["Job", "Testbed", "host_testbed", "isolated_main", "link_check_job", "netns_testbed",
-           "run_job"]
+__all__ = [
+    "Job",
+    "Testbed",
+    "host_testbed",
+    "isolated_main",
+    "link_check_job",
+    "netns_testbed",
+    "run_job",
+]
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +101,9 @@ class Testbed:
         return self._stack
 
     def start_stack(
-        self, settings: Mapping[str, object] | None = None, env: Mapping[str, str] | None = None,
+        self,
+        settings: Mapping[str, object] | None = None,
+        env: Mapping[str, str] | None = None,
         **config: Any,
     ) -> StackInfo:
         """(Re)start Swift + the HAPI server; ``settings`` are HAPI server settings (``HAPI_*``).
@@ -102,7 +111,11 @@ class Testbed:
         ``config`` are :class:`hapi_stack.StackConfig` fields (e.g. ``proxy_extra_filters``);
         ``env`` is extra environment of the stack's processes.
         """
-        fields: dict[str, Any] = {"state_dir": str(self.state_dir), "host": self.host, "hapi_server": True}
+        fields: dict[str, Any] = {
+            "state_dir": str(self.state_dir),
+            "host": self.host,
+            "hapi_server": True,
+        }
         if self._free_ports:
             free = StackConfig.on_free_ports(host=self.host)
             fields.update({k: getattr(free, k) for k in free.active_port_settings()})
@@ -111,7 +124,10 @@ class Testbed:
         # One extraction per server core at a time unless a scenario says otherwise: on a CPU,
         # concurrent requests only interleave on the same cores, which delays every request's
         # first bytes (and the client's pipeline) without adding throughput.
-        defaults = {"torch_threads": len(self.cores.server), "max_concurrent_per_device": len(self.cores.server)}
+        defaults = {
+            "torch_threads": len(self.cores.server),
+            "max_concurrent_per_device": len(self.cores.server),
+        }
         merged = {**defaults, **(settings or {})}
         server_env = {f"HAPI_{k.upper()}": str(v) for k, v in merged.items()}
         server_env.update(env or {})
@@ -131,8 +147,14 @@ class Testbed:
     def connection(self) -> Connection:
         """An admin swiftclient connection (uploads): it crosses the link like any client."""
         creds = self.credentials()
-        return Connection(authurl=creds.auth_url, user=creds.user, key=creds.key, auth_version="1",
-                          retries=2, timeout=120)
+        return Connection(
+            authurl=creds.auth_url,
+            user=creds.user,
+            key=creds.key,
+            auth_version="1",
+            retries=2,
+            timeout=120,
+        )
 
     def client(self, **options: Any) -> HapiClient:
         """A HAPI client of the stack's server whose transfers cross the link."""
@@ -173,7 +195,9 @@ class Testbed:
             "link_method": self.link.method,
             "cores": {"client": list(self.cores.client), "server": list(self.cores.server)},
             "cores_note": self.cores.describe(),
-            "server_settings": {k: str(v) for k, v in self.stack_config.get("settings", {}).items()},
+            "server_settings": {
+                k: str(v) for k, v in self.stack_config.get("settings", {}).items()
+            },
             "niceness": os.getpriority(os.PRIO_PROCESS, 0),
         }
 
@@ -187,8 +211,9 @@ def host_testbed(state_dir: Path, cores: CoreSplit | None = None) -> Iterator[Te
     cores = cores or split_cores()
     before = os.sched_getaffinity(0)
     pin_process(cores.client)
-    testbed = Testbed(StorageSide(cores.server), ThrottleLink(), cores, "127.0.0.1", state_dir,
-                      free_ports=True)
+    testbed = Testbed(
+        StorageSide(cores.server), ThrottleLink(), cores, "127.0.0.1", state_dir, free_ports=True
+    )
     try:
         yield testbed
     finally:
@@ -210,7 +235,9 @@ def netns_testbed(state_dir: Path, cores: CoreSplit | None = None) -> Iterator[T
         agent.close()
 
 
-def link_check_job(testbed: Testbed, rates: list[float | None], out: str, seconds: float = 1.0) -> int:
+def link_check_job(
+    testbed: Testbed, rates: list[float | None], out: str, seconds: float = 1.0
+) -> int:
     """A job that only measures the link at each rate and writes the checks to ``out`` (JSON)."""
     checks = []
     for rate in rates:
@@ -255,7 +282,9 @@ def run_job(
     if reason is not None:
         if shaping:
             raise ScenarioError(f"tc shaping is not available here: {reason}")
-        log.warning("link shaping with tc is not available (%s): using the client-side token bucket", reason)
+        log.warning(
+            "link shaping with tc is not available (%s): using the client-side token bucket", reason
+        )
         state_dir.mkdir(parents=True, exist_ok=True)
         if nice:
             os.nice(nice)  # this thread, and every process and thread started from it
@@ -264,7 +293,9 @@ def run_job(
             return int(job(testbed, **kwargs))
     state_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False, dir=state_dir) as handle:
-        json.dump({"entry": entry, "kwargs": dict(kwargs), "state_dir": str(state_dir.resolve())}, handle)
+        json.dump(
+            {"entry": entry, "kwargs": dict(kwargs), "state_dir": str(state_dir.resolve())}, handle
+        )
         spec = Path(handle.name)
     try:
         command = ["unshare", "-n", "--", sys.executable, "-m", "hapi_bench.job_main", str(spec)]
@@ -285,4 +316,3 @@ def isolated_main(argv: list[str]) -> int:
     with netns_testbed(Path(spec["state_dir"])) as testbed:
         _torch_threads(testbed.cores)
         return int(job(testbed, **spec["kwargs"]))
-

@@ -30,18 +30,38 @@ TABLE_5_1: dict[str, dict[str, float]] = {
 }
 
 #: Table 5.2: freeze layer per model [000:1621-1629].
-TABLE_5_2_FREEZE = {"alexnet": 17, "resnet18": 11, "resnet50": 20, "vgg11": 25, "vgg19": 36, "densenet121": 20}
+TABLE_5_2_FREEZE = {
+    "alexnet": 17,
+    "resnet18": 11,
+    "resnet50": 20,
+    "vgg11": 25,
+    "vgg19": 36,
+    "densenet121": 20,
+}
 
 #: Table 5.3: AlexNet split index vs bandwidth in Gbit/s (freeze 17) [000:1671-1674].
 TABLE_5_3: dict[float, int] = {
-    0.05: 17, 0.1: 17, 0.5: 16, 1.0: 13, 2.0: 13, 3.0: 5, 5.0: 5, 10.0: 5, 15.0: 5,
+    0.05: 17,
+    0.1: 17,
+    0.5: 16,
+    1.0: 13,
+    2.0: 13,
+    3.0: 5,
+    5.0: 5,
+    10.0: 5,
+    15.0: 5,
 }
 
 #: Table 5.4: batch adaptation, training batch in thousands -> (% of requests with a reduced COS
 #: batch, average reduction in %); the 1k reduction cell is blank in the source (digest D5)
 #: [000:1700-1704].
 TABLE_5_4: dict[int, tuple[float, float | None]] = {
-    1: (0.0, None), 2: (0.0, 0.0), 3: (0.0, 0.0), 4: (0.0, 0.0), 6: (1.88, 1.78), 7: (15.38, 14.51),
+    1: (0.0, None),
+    2: (0.0, 0.0),
+    3: (0.0, 0.0),
+    4: (0.0, 0.0),
+    6: (1.88, 1.78),
+    7: (15.38, 14.51),
     8: (30.0, 25.13),
 }
 

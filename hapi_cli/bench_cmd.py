@@ -32,17 +32,27 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     started = time.perf_counter()
     reason = shaping_support() if args.shaping != "throttle" else "asked for the throttle"
-    print(f"hapi bench {args.scenario}{' --quick' if args.quick else ''}: results under {args.out}/; link "
-          f"{'shaped with tc in private network namespaces' if reason is None else f'throttled by a client-side token bucket ({reason})'}",
-          flush=True)
+    print(
+        f"hapi bench {args.scenario}{' --quick' if args.quick else ''}: results under {args.out}/; link "
+        f"{'shaped with tc in private network namespaces' if reason is None else f'throttled by a client-side token bucket ({reason})'}",
+        flush=True,
+    )
     shaping = {"auto": None, "tc": True, "throttle": False}[args.shaping]
-    code = run_scenarios([args.scenario], args.out, quick=args.quick, state_dir=args.state_dir, shaping=shaping,
-                         nice=args.nice)
+    code = run_scenarios(
+        [args.scenario],
+        args.out,
+        quick=args.quick,
+        state_dir=args.state_dir,
+        shaping=shaping,
+        nice=args.nice,
+    )
     if args.scenario == "all":
         path = write_report(args.out, args.out / "results.md")
         print(f"wrote {path} (`hapi bench report` writes docs/results.md)")
-    print(f"hapi bench {args.scenario}: {'done' if code == 0 else 'some scenarios FAILED'} in "
-          f"{time.perf_counter() - started:.0f} s")
+    print(
+        f"hapi bench {args.scenario}: {'done' if code == 0 else 'some scenarios FAILED'} in "
+        f"{time.perf_counter() - started:.0f} s"
+    )
     return code
 
 
@@ -55,17 +65,41 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "the client's link shaped with tc in private network namespaces when root, else throttled), writing "
         "JSON, CSV and PNG files; `report` turns the JSON into docs/results.md; `list` names the scenarios.",
     )
-    p.add_argument("scenario", choices=(*ORDER, "all", "report", "list"), metavar="SCENARIO",
-                   help=f"one of {', '.join(ORDER)}, all, report, list")
-    p.add_argument("--quick", action="store_true", help="the trimmed grids of `make bench` (under 20 minutes)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory (default: %(default)s)")
-    p.add_argument("--state-dir", type=Path, default=Path(".hapi/bench"),
-                   help="the benchmark stack's data and logs (default: %(default)s)")
-    p.add_argument("--shaping", choices=("auto", "tc", "throttle"), default="auto",
-                   help="tc: require namespaces + tc; throttle: the token bucket (default: best available)")
-    p.add_argument("--nice", type=int, default=0,
-                   help="niceness added to the benchmark's processes; negative (as root) keeps other work on a "
-                   "shared machine from disturbing the measurements (default: %(default)s)")
-    p.add_argument("--report-out", type=Path, default=Path("docs/results.md"),
-                   help="where `report` writes (default: %(default)s)")
+    p.add_argument(
+        "scenario",
+        choices=(*ORDER, "all", "report", "list"),
+        metavar="SCENARIO",
+        help=f"one of {', '.join(ORDER)}, all, report, list",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="the trimmed grids of `make bench` (under 20 minutes)"
+    )
+    p.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help="results directory (default: %(default)s)"
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(".hapi/bench"),
+        help="the benchmark stack's data and logs (default: %(default)s)",
+    )
+    p.add_argument(
+        "--shaping",
+        choices=("auto", "tc", "throttle"),
+        default="auto",
+        help="tc: require namespaces + tc; throttle: the token bucket (default: best available)",
+    )
+    p.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="niceness added to the benchmark's processes; negative (as root) keeps other work on a "
+        "shared machine from disturbing the measurements (default: %(default)s)",
+    )
+    p.add_argument(
+        "--report-out",
+        type=Path,
+        default=Path("docs/results.md"),
+        help="where `report` writes (default: %(default)s)",
+    )
     p.set_defaults(func=_run)

@@ -28,27 +28,44 @@ def _keep(state_dir: Path) -> None:
         stack = up(StackConfig(state_dir=state_dir, hapi_server=True))
     except PortInUseError:
         stack = up(StackConfig.on_free_ports(state_dir=state_dir, hapi_server=True))
-    print(f"--keep: the demo's stack runs on loopback: HAPI {stack.hapi_url}, Swift auth {stack.auth_url} "
-          f"(test:tester / testing); stop it with `hapi stack down --state-dir {state_dir}`")
+    print(
+        f"--keep: the demo's stack runs on loopback: HAPI {stack.hapi_url}, Swift auth {stack.auth_url} "
+        f"(test:tester / testing); stop it with `hapi stack down --state-dir {state_dir}`"
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     reason = shaping_support() if args.shaping != "throttle" else "asked for the throttle"
-    how = "tc (htb) in private network namespaces" if reason is None else f"a client-side token bucket ({reason})"
+    how = (
+        "tc (htb) in private network namespaces"
+        if reason is None
+        else f"a client-side token bucket ({reason})"
+    )
     print(f"hapi demo: the link will be limited with {how}", flush=True)
     config = {
-        "rate_mbit": args.rate, "train_per_class": args.train_per_class, "test_per_class": args.test_per_class,
-        "batch_size": args.batch_size, "epochs": args.epochs, "freeze_index": args.freeze_index,
+        "rate_mbit": args.rate,
+        "train_per_class": args.train_per_class,
+        "test_per_class": args.test_per_class,
+        "batch_size": args.batch_size,
+        "epochs": args.epochs,
+        "freeze_index": args.freeze_index,
     }
     args.state_dir.mkdir(parents=True, exist_ok=True)
     results = args.state_dir / "demo-results.json"
-    code = run_job("hapi_bench.demo:demo_job", {"config": config, "results_path": str(results.resolve())},
-                   args.state_dir, shaping=_shaping(args.shaping), nice=args.nice)
+    code = run_job(
+        "hapi_bench.demo:demo_job",
+        {"config": config, "results_path": str(results.resolve())},
+        args.state_dir,
+        shaping=_shaping(args.shaping),
+        nice=args.nice,
+    )
     if args.keep:
         _keep(args.state_dir)
-    print(f"hapi demo: {'done' if code == 0 else 'HAPI did not beat BASELINE'} in "
-          f"{time.perf_counter() - started:.0f} s; results in {results}")
+    print(
+        f"hapi demo: {'done' if code == 0 else 'HAPI did not beat BASELINE'} in "
+        f"{time.perf_counter() - started:.0f} s; results in {results}"
+    )
     return code
 
 
@@ -62,21 +79,54 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "root, else a client-side token bucket), fine-tune through HAPI (split chosen automatically) and "
         "as BASELINE, evaluate on held-out photos and print a comparison table.",
     )
-    p.add_argument("--state-dir", type=Path, default=Path(".hapi/demo"),
-                   help="where the demo's Swift keeps its data (default: %(default)s)")
-    p.add_argument("--rate", type=float, default=_DEFAULT.rate_mbit, help="link rate in Mbit/s (default: %(default)s)")
-    p.add_argument("--train-per-class", type=int, default=_DEFAULT.train_per_class,
-                   help="training photos per class, 10 classes (default: %(default)s)")
-    p.add_argument("--test-per-class", type=int, default=_DEFAULT.test_per_class,
-                   help="held-out photos per class (default: %(default)s)")
-    p.add_argument("--batch-size", type=int, default=_DEFAULT.batch_size, help="default: %(default)s")
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(".hapi/demo"),
+        help="where the demo's Swift keeps its data (default: %(default)s)",
+    )
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=_DEFAULT.rate_mbit,
+        help="link rate in Mbit/s (default: %(default)s)",
+    )
+    p.add_argument(
+        "--train-per-class",
+        type=int,
+        default=_DEFAULT.train_per_class,
+        help="training photos per class, 10 classes (default: %(default)s)",
+    )
+    p.add_argument(
+        "--test-per-class",
+        type=int,
+        default=_DEFAULT.test_per_class,
+        help="held-out photos per class (default: %(default)s)",
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=_DEFAULT.batch_size, help="default: %(default)s"
+    )
     p.add_argument("--epochs", type=int, default=_DEFAULT.epochs, help="default: %(default)s")
-    p.add_argument("--freeze-index", type=int, default=_DEFAULT.freeze_index,
-                   help="layers before it stay frozen (default: %(default)s, the last two stages and the head train)")
-    p.add_argument("--shaping", choices=("auto", "tc", "throttle"), default="auto",
-                   help="tc: require namespaces + tc; throttle: the token bucket (default: best available)")
-    p.add_argument("--nice", type=int, default=0,
-                   help="niceness added to the demo's processes; negative (as root) keeps other work on a shared "
-                   "machine from disturbing the timings (default: %(default)s)")
-    p.add_argument("--keep", action="store_true", help="leave the stack running afterwards (on loopback)")
+    p.add_argument(
+        "--freeze-index",
+        type=int,
+        default=_DEFAULT.freeze_index,
+        help="layers before it stay frozen (default: %(default)s, the last two stages and the head train)",
+    )
+    p.add_argument(
+        "--shaping",
+        choices=("auto", "tc", "throttle"),
+        default="auto",
+        help="tc: require namespaces + tc; throttle: the token bucket (default: best available)",
+    )
+    p.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="niceness added to the demo's processes; negative (as root) keeps other work on a shared "
+        "machine from disturbing the timings (default: %(default)s)",
+    )
+    p.add_argument(
+        "--keep", action="store_true", help="leave the stack running afterwards (on loopback)"
+    )
     p.set_defaults(func=_run)

@@ -108,7 +108,9 @@ class AggregatorChannel:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 missing = sorted(expected - set(self._peers))
-                raise ChannelError(f"workers {missing} did not connect to the aggregator within {timeout_s:.0f} s")
+                raise ChannelError(
+                    f"workers {missing} did not connect to the aggregator within {timeout_s:.0f} s"
+                )
             self._listener.settimeout(remaining)
             try:
                 conn, addr = self._listener.accept()
@@ -138,7 +140,9 @@ class AggregatorChannel:
         elif not hmac.compare_digest(hello.token, self._token):
             problem = "wrong token"
         elif hello.world_size != self.world_size or not 1 <= hello.rank < self.world_size:
-            problem = f"rank {hello.rank} of {hello.world_size} does not fit a world of {self.world_size}"
+            problem = (
+                f"rank {hello.rank} of {hello.world_size} does not fit a world of {self.world_size}"
+            )
         elif hello.rank in self._peers:
             problem = f"rank {hello.rank} is already connected"
         if problem is not None:
@@ -194,7 +198,9 @@ class AggregatorChannel:
                     f"round {round_index}: {len(result.replies)} of q={q} gradients after "
                     f"{time.monotonic() - start:.1f} s; no reply from ranks {silent}"
                     + (f"; disconnected: {self.disconnected}" if self.disconnected else ""),
-                    round_index=round_index, received=len(result.replies), q=q,
+                    round_index=round_index,
+                    received=len(result.replies),
+                    q=q,
                 )
             for key, _ in self._selector.select(remaining):
                 peer: _Peer = key.data
@@ -237,17 +243,25 @@ class AggregatorChannel:
 
     def _accept_reply(self, msg: GradientMessage, result: GatherResult, numel: int | None) -> None:
         if msg.round_index > result.round_index or msg.rank in result.received:
-            log.warning("ignoring a reply of worker %d for round %d while gathering round %d%s", msg.rank,
-                        msg.round_index, result.round_index,
-                        " (duplicate)" if msg.rank in result.received else "")
+            log.warning(
+                "ignoring a reply of worker %d for round %d while gathering round %d%s",
+                msg.rank,
+                msg.round_index,
+                result.round_index,
+                " (duplicate)" if msg.rank in result.received else "",
+            )
             result.rejected += 1
             return
         result.received[msg.rank] = msg
         if msg.gradient is None:
             return
         if numel is not None and msg.gradient.numel() != numel:
-            log.warning("ignoring worker %d's gradient of %d elements (expected %d)", msg.rank,
-                        msg.gradient.numel(), numel)
+            log.warning(
+                "ignoring worker %d's gradient of %d elements (expected %d)",
+                msg.rank,
+                msg.gradient.numel(),
+                numel,
+            )
             result.rejected += 1
             return
         result.replies.append(msg)
@@ -272,7 +286,10 @@ class AggregatorChannel:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.close()
 
@@ -299,7 +316,9 @@ class WorkerChannel:
                 break
             except OSError as exc:
                 if time.monotonic() >= deadline:
-                    raise ChannelError(f"worker {rank} cannot reach the aggregator at {address}: {exc}") from exc
+                    raise ChannelError(
+                        f"worker {rank} cannot reach the aggregator at {address}: {exc}"
+                    ) from exc
                 time.sleep(0.05)  # retry pacing while the aggregator starts listening
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._buffer = FrameBuffer(max_frame_bytes)
@@ -356,7 +375,9 @@ class WorkerChannel:
         while update is None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise ChannelError(f"worker {self.rank} got no update from the aggregator within {timeout_s:.0f} s")
+                raise ChannelError(
+                    f"worker {self.rank} got no update from the aggregator within {timeout_s:.0f} s"
+                )
             self._read_available(remaining)
             update = self._pop_update()
         return update
@@ -369,7 +390,10 @@ class WorkerChannel:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.close()
 

@@ -102,9 +102,13 @@ class DistributedConfig:
         if "/" not in self.model:
             out.append(f"model must look like 'models/efficientnet_lite0', got {self.model!r}")
         if self.mode not in _MODES:
-            out.append(f"mode must be one of {', '.join(_MODES)} for multi-worker runs, got {self.mode!r}")
+            out.append(
+                f"mode must be one of {', '.join(_MODES)} for multi-worker runs, got {self.mode!r}"
+            )
         if self.device not in _DEVICES and not self.device.startswith("cuda:"):
-            out.append(f"device must be one of {', '.join(_DEVICES)} or cuda:N, got {self.device!r}")
+            out.append(
+                f"device must be one of {', '.join(_DEVICES)} or cuda:N, got {self.device!r}"
+            )
         if self.backend not in _BACKENDS:
             out.append(f"backend must be one of {', '.join(_BACKENDS)}, got {self.backend!r}")
         if not isinstance(self.split, int) and self.split not in ("auto", "freeze"):
@@ -163,7 +167,9 @@ class DistributedConfig:
         if self.straggler_rank is not None and not 0 <= self.straggler_rank < world_size:
             out.append(f"straggler_rank {self.straggler_rank} is not in [0, {world_size - 1}]")
         if self.batch_size < world_size:
-            out.append(f"batch_size={self.batch_size} cannot give each of {world_size} workers a sample")
+            out.append(
+                f"batch_size={self.batch_size} cannot give each of {world_size} workers a sample"
+            )
         if not out:
             try:
                 self.build_rule(world_size)
@@ -174,11 +180,14 @@ class DistributedConfig:
 
     def build_rule(self, world_size: int) -> Any:
         """The aggregation rule for ``q`` inputs (``n`` of :func:`~hapi_client.robust.get_aggregator` is q)."""
-        return get_aggregator(self.aggregator, n=self.workers_q(world_size), f=self.f,
-                              **self.aggregator_params)
+        return get_aggregator(
+            self.aggregator, n=self.workers_q(world_size), f=self.f, **self.aggregator_params
+        )
 
     def optimizer_config(self) -> hapi_models.OptimizerConfig:
-        return hapi_models.OptimizerConfig(self.optimizer, self.lr, self.momentum, self.weight_decay)
+        return hapi_models.OptimizerConfig(
+            self.optimizer, self.lr, self.momentum, self.weight_decay
+        )
 
     def replace(self, **changes: Any) -> DistributedConfig:
         """A copy with ``changes`` applied (validated again)."""

@@ -63,14 +63,18 @@ class ShardStore:
         loaded = self._futures[shard].result()
         n = len(loaded.labels)
         if n != self._sizes[shard] or loaded.inputs.shape[0] != n:
-            raise DeliveryError(f"shard {shard} delivered {n} samples, the manifest says {self._sizes[shard]}")
+            raise DeliveryError(
+                f"shard {shard} delivered {n} samples, the manifest says {self._sizes[shard]}"
+            )
         if shard not in self._counted:
             self._counted.add(shard)
             self.wire_bytes += loaded.wire_bytes
             self.requests += loaded.requests
         return loaded
 
-    def rows(self, shards: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rows(
+        self, shards: torch.Tensor, indices: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and labels of samples ``(shards[i], indices[i])``, in that order."""
         if len(shards) == 0:
             raise DeliveryError("asked for an empty slice")

@@ -41,8 +41,20 @@ def torchrun_command(
 ) -> list[str]:
     """The torchrun command line that :func:`launch` runs (single node, standalone rendezvous)."""
     return [
-        python, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", str(nproc),
-        *extra_args, "-m", "hapi_client.distributed", *(str(p) for p in config_paths), "--log-level", log_level,
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(nproc),
+        *extra_args,
+        "-m",
+        "hapi_client.distributed",
+        *(str(p) for p in config_paths),
+        "--log-level",
+        log_level,
     ]
 
 
@@ -87,8 +99,17 @@ def launch(
     the output goes to this process's stdout/stderr instead (progress bars, logs).
     ``timeout_s`` stops the whole run.
     """
-    return launch_many(nproc, [config], credentials=credentials, log_path=log_path, timeout_s=timeout_s,
-                       env=env, log_level=log_level, python=python, stream_output=stream_output)[0]
+    return launch_many(
+        nproc,
+        [config],
+        credentials=credentials,
+        log_path=log_path,
+        timeout_s=timeout_s,
+        env=env,
+        log_level=log_level,
+        python=python,
+        stream_output=stream_output,
+    )[0]
 
 
 def launch_many(
@@ -118,7 +139,11 @@ def launch_many(
         paths: list[Path] = []
         results: list[Path] = []
         for i, config in enumerate(configs):
-            out = Path(config.results_path) if config.results_path else Path(tmp) / f"results-{i}.json"
+            out = (
+                Path(config.results_path)
+                if config.results_path
+                else Path(tmp) / f"results-{i}.json"
+            )
             out.unlink(missing_ok=True)
             path = Path(tmp) / f"config-{i}.json"
             path.write_text(config.replace(results_path=str(out)).to_json())
@@ -129,31 +154,45 @@ def launch_many(
         child_env = dict(os.environ if env is None else env)
         child_env.setdefault("OMP_NUM_THREADS", str(configs[0].threads or 1))
         if credentials is not None:
-            child_env.update(ST_AUTH=credentials.auth_url, ST_USER=credentials.user, ST_KEY=credentials.key)
+            child_env.update(
+                ST_AUTH=credentials.auth_url, ST_USER=credentials.user, ST_KEY=credentials.key
+            )
         cmd = torchrun_command(nproc, paths, python=python, log_level=log_level)
         log.info("launching %d workers: %s", nproc, " ".join(cmd))
         with contextlib.ExitStack() as stack:
             out_file = None if streaming else stack.enter_context(log_file.open("wb"))
-            proc = subprocess.Popen(cmd, env=child_env, stdout=out_file,  # noqa: S603
-                                    stderr=None if streaming else subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd,
+                env=child_env,
+                stdout=out_file,  # noqa: S603
+                stderr=None if streaming else subprocess.STDOUT,
+                start_new_session=True,
+            )
             try:
                 returncode = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 _stop_group(proc)
-                raise LaunchError(f"{nproc} workers did not finish within {timeout_s:.0f} s",
-                                  log_tail=_tail(log_file)) from None
+                raise LaunchError(
+                    f"{nproc} workers did not finish within {timeout_s:.0f} s",
+                    log_tail=_tail(log_file),
+                ) from None
             except BaseException:
                 _stop_group(proc)
                 raise
         if returncode != 0:
-            raise LaunchError(f"torchrun with {nproc} workers exited with status {returncode}",
-                              returncode=returncode, log_tail=_tail(log_file))
+            raise LaunchError(
+                f"torchrun with {nproc} workers exited with status {returncode}",
+                returncode=returncode,
+                log_tail=_tail(log_file),
+            )
         out_results = []
         for path in results:
             try:
                 data = json.loads(path.read_text())
             except (OSError, ValueError) as exc:
-                raise LaunchError(f"the workers wrote no readable results to {path}: {exc}",
-                                  log_tail=_tail(log_file)) from exc
+                raise LaunchError(
+                    f"the workers wrote no readable results to {path}: {exc}",
+                    log_tail=_tail(log_file),
+                ) from exc
             out_results.append(DistributedResult.from_dict(data))
         return out_results

@@ -79,7 +79,9 @@ class Hello:
     version: int = PROTOCOL_VERSION
 
     def encode(self) -> bytes:
-        return _frame(FrameKind.HELLO, _HELLO.pack(self.version, self.rank, self.world_size, self.token))
+        return _frame(
+            FrameKind.HELLO, _HELLO.pack(self.version, self.rank, self.world_size, self.token)
+        )
 
     @classmethod
     def decode(cls, body: bytes) -> Hello:
@@ -107,9 +109,17 @@ class GradientMessage:
 
     def encode(self) -> bytes:
         head = _GRADIENT.pack(
-            self.round_index, self.epoch, self.rank, _HAS_GRADIENT if self.gradient is not None else 0,
-            self.samples, self.compute_seconds, self.memory_used, self.loss_sum, self.correct,
-            self.wire_bytes, self.requests,
+            self.round_index,
+            self.epoch,
+            self.rank,
+            _HAS_GRADIENT if self.gradient is not None else 0,
+            self.samples,
+            self.compute_seconds,
+            self.memory_used,
+            self.loss_sum,
+            self.correct,
+            self.wire_bytes,
+            self.requests,
         )
         return _frame(FrameKind.GRADIENT, head + encode_tensor(self.gradient))
 
@@ -117,14 +127,36 @@ class GradientMessage:
     def decode(cls, body: bytes | memoryview) -> GradientMessage:
         if len(body) < _GRADIENT.size:
             raise ChannelError(f"GRADIENT frame of {len(body)} bytes is shorter than its header")
-        (round_index, epoch, rank, flags, samples, seconds, memory, loss_sum, correct, wire,
-         requests) = _GRADIENT.unpack_from(body)
+        (
+            round_index,
+            epoch,
+            rank,
+            flags,
+            samples,
+            seconds,
+            memory,
+            loss_sum,
+            correct,
+            wire,
+            requests,
+        ) = _GRADIENT.unpack_from(body)
         payload = body[_GRADIENT.size :]
         gradient = decode_tensor(payload) if flags & _HAS_GRADIENT else None
         if gradient is None and len(payload):
             raise ChannelError("GRADIENT frame without a gradient carries a payload")
-        return cls(round_index, epoch, rank, samples, seconds, memory, loss_sum, correct, wire, requests,
-                   gradient)
+        return cls(
+            round_index,
+            epoch,
+            rank,
+            samples,
+            seconds,
+            memory,
+            loss_sum,
+            correct,
+            wire,
+            requests,
+            gradient,
+        )
 
 
 @dataclass(frozen=True)
@@ -137,8 +169,12 @@ class UpdateMessage:
     gradient: torch.Tensor
 
     def encode(self) -> bytes:
-        head = _UPDATE.pack(self.round_index, _HAS_CHECKSUM if self.checksum is not None else 0,
-                            self.checksum or 0, len(self.next_sizes))
+        head = _UPDATE.pack(
+            self.round_index,
+            _HAS_CHECKSUM if self.checksum is not None else 0,
+            self.checksum or 0,
+            len(self.next_sizes),
+        )
         sizes = b"".join(_SIZE.pack(s) for s in self.next_sizes)
         return _frame(FrameKind.UPDATE, head + sizes + encode_tensor(self.gradient))
 
@@ -150,9 +186,16 @@ class UpdateMessage:
         start = _UPDATE.size
         end = start + count * _SIZE.size
         if len(body) < end:
-            raise ChannelError(f"UPDATE frame announces {count} batch sizes but is {len(body)} bytes")
+            raise ChannelError(
+                f"UPDATE frame announces {count} batch sizes but is {len(body)} bytes"
+            )
         sizes = tuple(_SIZE.unpack_from(body, start + i * _SIZE.size)[0] for i in range(count))
-        return cls(round_index, sizes, checksum if flags & _HAS_CHECKSUM else None, decode_tensor(body[end:]))
+        return cls(
+            round_index,
+            sizes,
+            checksum if flags & _HAS_CHECKSUM else None,
+            decode_tensor(body[end:]),
+        )
 
 
 class FrameBuffer:
@@ -180,7 +223,9 @@ class FrameBuffer:
         except ValueError:
             raise ChannelError(f"unknown frame kind {kind}") from None
         if length > self.max_body_bytes:
-            raise ChannelError(f"frame body of {length} bytes exceeds the limit of {self.max_body_bytes}")
+            raise ChannelError(
+                f"frame body of {length} bytes exceeds the limit of {self.max_body_bytes}"
+            )
         end = ENVELOPE.size + length
         if len(self._data) < end:
             return None

@@ -69,9 +69,13 @@ def round_totals(total: int, global_batch: int, n_workers: int) -> list[int]:
     is merged into the one before it, so every sample is still used once.
     """
     if global_batch < n_workers:
-        raise ScheduleError(f"a global batch of {global_batch} cannot give {n_workers} workers a sample each")
+        raise ScheduleError(
+            f"a global batch of {global_batch} cannot give {n_workers} workers a sample each"
+        )
     if total < n_workers:
-        raise ScheduleError(f"an epoch of {total} samples cannot give {n_workers} workers a sample each")
+        raise ScheduleError(
+            f"an epoch of {total} samples cannot give {n_workers} workers a sample each"
+        )
     full, rest = divmod(total, global_batch)
     if rest == 0:
         return [global_batch] * full
@@ -108,7 +112,9 @@ def scale_sizes(sizes: Sequence[int], total: int) -> list[int]:
 class EpochSchedule:
     """The sample streams of one epoch and the round-by-round slices cut from them."""
 
-    def __init__(self, plan: EpochPlan, shard_sizes: Sequence[int], owners: Sequence[Sequence[int]]) -> None:
+    def __init__(
+        self, plan: EpochPlan, shard_sizes: Sequence[int], owners: Sequence[Sequence[int]]
+    ) -> None:
         self.plan = plan
         self.n_workers = len(owners)
         self.shard_sizes = list(shard_sizes)
@@ -134,7 +140,9 @@ class EpochSchedule:
         if len(sizes) != self.n_workers or any(s < 0 for s in sizes):
             raise ScheduleError(f"expected {self.n_workers} batch sizes >= 0, got {list(sizes)}")
         if sum(sizes) > self.remaining:
-            raise ScheduleError(f"round wants {sum(sizes)} samples, only {self.remaining} left in the epoch")
+            raise ScheduleError(
+                f"round wants {sum(sizes)} samples, only {self.remaining} left in the epoch"
+            )
         out: list[list[Segment]] = [[] for _ in range(self.n_workers)]
         deficit = []
         for r, want in enumerate(sizes):
@@ -145,7 +153,9 @@ class EpochSchedule:
             deficit.append(want - own)
         for r, need in enumerate(deficit):
             while need > 0:
-                donor = max(range(self.n_workers), key=lambda j: (self._tails[j] - self._heads[j], -j))
+                donor = max(
+                    range(self.n_workers), key=lambda j: (self._tails[j] - self._heads[j], -j)
+                )
                 amount = min(need, self._tails[donor] - self._heads[donor])
                 out[r].append(Segment(donor, self._tails[donor] - amount, self._tails[donor]))
                 self._tails[donor] -= amount

@@ -23,8 +23,12 @@ def test_bench_rejects_an_unknown_scenario(capsys: pytest.CaptureFixture[str]) -
     assert "invalid choice" in capsys.readouterr().err
 
 
-def test_bench_report_writes_markdown_from_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    results = ResultSet.start("proxy", testbed={"link": "netns"}, unavailable="no in-proxy execution")
+def test_bench_report_writes_markdown_from_results(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = ResultSet.start(
+        "proxy", testbed={"link": "netns"}, unavailable="no in-proxy execution"
+    )
     results.write(tmp_path)
     out = tmp_path / "docs" / "results.md"
     assert main(["bench", "report", "--out", str(tmp_path), "--report-out", str(out)]) == 0

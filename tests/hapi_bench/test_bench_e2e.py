@@ -10,9 +10,24 @@ import pytest
 from hapi_bench import run_job
 
 FIELDS = {
-    "model", "mode", "rate_target_mbit", "rate_measured_mbit", "rate_flagged", "link", "dataset",
-    "stored_bytes_per_sample", "batch_size", "split_index", "epoch_s", "bytes_per_iteration",
-    "client_cpu_s", "storage_cpu_s", "network_s", "lower_bound_s", "bound_ratio", "bound_limiter",
+    "model",
+    "mode",
+    "rate_target_mbit",
+    "rate_measured_mbit",
+    "rate_flagged",
+    "link",
+    "dataset",
+    "stored_bytes_per_sample",
+    "batch_size",
+    "split_index",
+    "epoch_s",
+    "bytes_per_iteration",
+    "client_cpu_s",
+    "storage_cpu_s",
+    "network_s",
+    "lower_bound_s",
+    "bound_ratio",
+    "bound_limiter",
 }
 CSV_META = {"machine", "torch", "swift", "hapi", "link", "cores"}
 
@@ -20,8 +35,11 @@ CSV_META = {"machine", "torch", "swift", "hapi", "link", "cores"}
 @pytest.mark.slow
 def test_tiny_e2e_run_writes_every_field(tmp_path: Path) -> None:
     out = tmp_path / "results"
-    code = run_job("hapi_bench.scenario_e2e:run_e2e", {"out_dir": str(out), "quick": True, "tiny": True},
-                   tmp_path / "state")
+    code = run_job(
+        "hapi_bench.scenario_e2e:run_e2e",
+        {"out_dir": str(out), "quick": True, "tiny": True},
+        tmp_path / "state",
+    )
     assert code == 0
     data = json.loads((out / "e2e.json").read_text())
     meta, rows = data["meta"], data["rows"]

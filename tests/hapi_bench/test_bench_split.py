@@ -17,8 +17,10 @@ def test_quick_split_scenario_writes_json_csv_and_plot(tmp_path: Path) -> None:
     assert data["meta"]["dataset"]["stored_bytes_per_sample"] > 50_000  # ImageNet-sized JPEGs
     rows = data["rows"]
     assert len(list(csv.DictReader((tmp_path / "split.csv").open()))) == len(rows)
-    alexnet = sorted((r for r in rows if r["model"] == "alexnet" and r["sweep"] == "bandwidth"),
-                     key=lambda r: r["bandwidth_gbit"])
+    alexnet = sorted(
+        (r for r in rows if r["model"] == "alexnet" and r["sweep"] == "bandwidth"),
+        key=lambda r: r["bandwidth_gbit"],
+    )
     splits = [r["split_index"] for r in alexnet]
     # 50 Mbit/s: no layer fits a second of it; the least-shipping split, 16, not the freeze index.
     assert alexnet[0]["freeze_index"] == 17 and splits[0] == 16
@@ -26,12 +28,16 @@ def test_quick_split_scenario_writes_json_csv_and_plot(tmp_path: Path) -> None:
     assert all(s <= 17 for s in splits)
     # Where the thesis and we use the same rule on the same layers, the choices agree; where no
     # layer fits (the thesis falls back to the freeze index) ours ships less.
-    same = [r for r in alexnet if r["bandwidth_gbit"] <= 2 and "least is shipped" not in r["reason"]]
+    same = [
+        r for r in alexnet if r["bandwidth_gbit"] <= 2 and "least is shipped" not in r["reason"]
+    ]
     assert same and [r["split_index"] for r in same] == [r["thesis_split_index"] for r in same]
     for r in alexnet:
         if "least is shipped" in r["reason"]:
             assert r["thesis_split_index"] == 17 and r["split_index"] < 17
-    by_batch = sorted((r for r in rows if r["model"] == "alexnet" and r["sweep"] == "batch"),
-                      key=lambda r: r["batch_size"])
+    by_batch = sorted(
+        (r for r in rows if r["model"] == "alexnet" and r["sweep"] == "batch"),
+        key=lambda r: r["batch_size"],
+    )
     batch_splits = [r["split_index"] for r in by_batch]
     assert batch_splits == sorted(batch_splits)  # a larger batch never moves the split earlier

@@ -37,7 +37,9 @@ def test_a_rate_more_than_ten_percent_off_is_flagged() -> None:
 
 
 def test_lower_bound_is_the_largest_part() -> None:
-    bound = lower_bound(storage_cpu_s=2.0, client_cpu_s=3.0, nbytes=50_000_000, rate_bytes_per_s=12_500_000)
+    bound = lower_bound(
+        storage_cpu_s=2.0, client_cpu_s=3.0, nbytes=50_000_000, rate_bytes_per_s=12_500_000
+    )
     assert bound.network_s == pytest.approx(4.0)
     assert bound.seconds == pytest.approx(4.0)
     assert bound.limiter == "network"
@@ -103,24 +105,44 @@ def test_quick_grid_trims_but_keeps_the_headline_runs() -> None:
 
 def _e2e_row(mode: str, epoch: float, per_iter: float) -> dict[str, object]:
     return {
-        "model": "alexnet", "mode": mode, "rate_target_mbit": 100.0, "rate_measured_mbit": 95.0,
-        "rate_flagged": False, "split_index": 13 if mode == "hapi" else 0, "epoch_s": epoch,
-        "bytes_per_iteration": per_iter, "lower_bound_s": epoch / 2, "bound_limiter": "client",
+        "model": "alexnet",
+        "mode": mode,
+        "rate_target_mbit": 100.0,
+        "rate_measured_mbit": 95.0,
+        "rate_flagged": False,
+        "split_index": 13 if mode == "hapi" else 0,
+        "epoch_s": epoch,
+        "bytes_per_iteration": per_iter,
+        "lower_bound_s": epoch / 2,
+        "bound_limiter": "client",
         "bound_ratio": 2.0,
     }
 
 
 def test_report_puts_our_numbers_beside_the_thesis(tmp_path: Path) -> None:
     results_dir = tmp_path / "results"
-    e2e = ResultSet.start("e2e", testbed={"link": "netns", "cores": {"client": [0]}, "cores_note": "x",
-                                          "link_method": "htb"}, grid="g", batch_size=64,
-                          dataset={"source": "photos", "stored_bytes_per_sample": 115000.0})
+    e2e = ResultSet.start(
+        "e2e",
+        testbed={
+            "link": "netns",
+            "cores": {"client": [0]},
+            "cores_note": "x",
+            "link_method": "htb",
+        },
+        grid="g",
+        batch_size=64,
+        dataset={"source": "photos", "stored_bytes_per_sample": 115000.0},
+    )
     e2e.add(_e2e_row("hapi", 2.0, 2_400_000.0))
     e2e.add(_e2e_row("baseline", 3.0, 7_200_000.0))
     e2e.write(results_dir)
     (results_dir / "e2e.png").write_bytes(b"png")
     top = headline(e2e)
-    assert top is not None and top["bytes_ratio"] == pytest.approx(3.0) and top["time_ratio"] == pytest.approx(1.5)
+    assert (
+        top is not None
+        and top["bytes_ratio"] == pytest.approx(3.0)
+        and top["time_ratio"] == pytest.approx(1.5)
+    )
     out = write_report(results_dir, tmp_path / "docs" / "results.md")
     text = out.read_text()
     assert "3.00x the bytes per iteration" in text and "1.50x HAPI's" in text
@@ -131,7 +153,11 @@ def test_report_puts_our_numbers_beside_the_thesis(tmp_path: Path) -> None:
 def test_markdown_and_demo_tables() -> None:
     table = markdown_table(("a", "b"), [(1, None), (2.5, "x")])
     assert table.splitlines() == ["| a | b |", "|---|---|", "| 1 | – |", "| 2.5 | x |"]
-    row = {**_e2e_row("hapi", 2.0, 2_400_000.0), "freeze_index": 18, "eval_accuracy": 0.9,
-           "samples_per_s": 10.0}
+    row = {
+        **_e2e_row("hapi", 2.0, 2_400_000.0),
+        "freeze_index": 18,
+        "eval_accuracy": 0.9,
+        "samples_per_s": 10.0,
+    }
     text = format_demo_table([row, {**row, "mode": "baseline", "eval_accuracy": None}])
     assert "HAPI" in text and "13 (freeze 18)" in text and "0.900" in text and "BASELINE" in text

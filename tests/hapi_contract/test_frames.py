@@ -176,8 +176,9 @@ def test_encoder_accepts_awkward_inputs() -> None:
     labels = torch.tensor([1, 2, 3], dtype=torch.int32)
     double = torch.randn(2, 3, dtype=torch.float64)
     batches = [(feats, labels, 7), (double, torch.tensor([0, 1]), 10)]
-    (first, second), end = decode_all(iter(make_stream(compression=Compression.ZSTD,
-                                                       batches=batches)[0]))
+    (first, second), end = decode_all(
+        iter(make_stream(compression=Compression.ZSTD, batches=batches)[0])
+    )
     assert not feats.is_contiguous()
     assert torch.equal(first.features, feats.detach())
     assert first.labels.dtype == torch.int64 and first.labels.tolist() == [1, 2, 3]
@@ -285,8 +286,9 @@ def test_end_totals_must_match(totals: dict[str, int], message: str) -> None:
     frames, _ = make_stream()
     end_header, _ = split_frame(frames[-1])
     payload_bytes = end_header["totals"]["payload_bytes"] + totals.get("extra_bytes", 0)
-    end = encode_end(samples=totals["samples"], frames=totals["frames"],
-                     payload_bytes=payload_bytes)
+    end = encode_end(
+        samples=totals["samples"], frames=totals["frames"], payload_bytes=payload_bytes
+    )
     body = b"".join(frames[:-1]) + end
     with pytest.raises(TruncatedStreamError, match=message):
         feed_all(body)
@@ -390,12 +392,24 @@ def _zstd_frame(content: bytes, declared_nbytes: int, shape: list[int]) -> bytes
     wire = zstandard.ZstdCompressor().compress(content)
     labels = struct.pack("<q", 0) * shape[0]
     header = {
-        "kind": "batch", "offset": 0, "count": shape[0], "meta": {},
-        "features": {"shape": shape, "dtype": "float32", "codec": "zstd",
-                     "nbytes": declared_nbytes, "wire_nbytes": len(wire),
-                     "crc32": zlib.crc32(wire)},
-        "labels": {"shape": [shape[0]], "dtype": "int64", "nbytes": len(labels),
-                   "crc32": zlib.crc32(labels)},
+        "kind": "batch",
+        "offset": 0,
+        "count": shape[0],
+        "meta": {},
+        "features": {
+            "shape": shape,
+            "dtype": "float32",
+            "codec": "zstd",
+            "nbytes": declared_nbytes,
+            "wire_nbytes": len(wire),
+            "crc32": zlib.crc32(wire),
+        },
+        "labels": {
+            "shape": [shape[0]],
+            "dtype": "int64",
+            "nbytes": len(labels),
+            "crc32": zlib.crc32(labels),
+        },
     }
     return raw_frame(header, wire + labels)
 
@@ -506,8 +520,9 @@ def test_encode_batch_rejects_bad_arguments(
     features: torch.Tensor, labels: torch.Tensor, offset: int, error: type, message: str
 ) -> None:
     with pytest.raises(error, match=message):
-        encode_batch(features, labels, offset, dtype=OutputDtype.FLOAT32,
-                     compression=Compression.NONE)
+        encode_batch(
+            features, labels, offset, dtype=OutputDtype.FLOAT32, compression=Compression.NONE
+        )
 
 
 def test_meta_must_be_small_strict_json() -> None:

@@ -85,5 +85,7 @@ def test_ten_simultaneous_requests_share_the_budget(
     assert metric(budget_server, "hapi_queue_depth", device="cpu") == 0
     rounds = metric(budget_server, "hapi_adaptation_decision_seconds_count", device="cpu")
     assert rounds is not None and rounds >= 1
-    print(f"\nplanned COS batch sizes: {sorted(planned_sizes)}; peak planned {peak / 2**20:.1f} MiB "
-          f"of {(BUDGET - RESERVE) / 2**20:.1f} MiB; {rounds:.0f} planning rounds")
+    print(
+        f"\nplanned COS batch sizes: {sorted(planned_sizes)}; peak planned {peak / 2**20:.1f} MiB "
+        f"of {(BUDGET - RESERVE) / 2**20:.1f} MiB; {rounds:.0f} planning rounds"
+    )

@@ -41,7 +41,9 @@ def settings_table() -> str:
     rows = ["| variable | default | meaning |", "|---|---|---|"]
     for name, field in ServerSettings.model_fields.items():
         assert field.description, f"ServerSettings.{name} has no description"
-        rows.append(f"| `HAPI_{name.upper()}` | {_default(name, field.default)} | {field.description} |")
+        rows.append(
+            f"| `HAPI_{name.upper()}` | {_default(name, field.default)} | {field.description} |"
+        )
     return "\n".join(rows)
 
 

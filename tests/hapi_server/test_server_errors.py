@@ -52,7 +52,9 @@ def shards(swift_stack: RunningStack, dataset: Dataset) -> dict[str, bytes]:
     out["errors/not-an-image.tar"] = shard_bytes([images[0], not_jpeg], [0, 1])
     # A valid JPEG header whose body is cut: the size check passes, the decode fails later.
     rich, _ = make_images(1, seed=5)
-    out["errors/truncated-jpeg.tar"] = shard_bytes([images[0], rich[0][: len(rich[0]) // 2]], [0, 1])
+    out["errors/truncated-jpeg.tar"] = shard_bytes(
+        [images[0], rich[0][: len(rich[0]) // 2]], [0, 1]
+    )
     for name, data in out.items():
         if name != OK_SHARD:
             put_object(swift_stack, name, data)
@@ -91,7 +93,10 @@ def test_no_token_is_401(served: ServerProcess, dataset: Dataset) -> None:
 
 
 def test_token_swift_refuses_is_401(served: ServerProcess, dataset: Dataset) -> None:
-    headers = {"X-Auth-Token": "AUTH_tk00000000000000000000000000000000", "X-Storage-Url": dataset.storage_url}
+    headers = {
+        "X-Auth-Token": "AUTH_tk00000000000000000000000000000000",
+        "X-Storage-Url": dataset.storage_url,
+    }
     body = assert_error(post(served, ok_body(dataset), headers), 401, "unauthorized")
     assert "401" in body.detail
 
@@ -190,10 +195,21 @@ def test_split_index_out_of_range_is_422(served: ServerProcess, dataset: Dataset
         ({"split_index": -1}, "split_index"),
         ({"bogus": 1}, "bogus"),
         ({"model": {"arch": "no_such_arch", "num_classes": 3}}, None),
-        ({"transform": {"resize": 64, "crop": 128, "mean": [0, 0, 0], "std": [1, 1, 1]}}, "transform"),
+        (
+            {"transform": {"resize": 64, "crop": 128, "mean": [0, 0, 0], "std": [1, 1, 1]}},
+            "transform",
+        ),
         ({"shard": None}, "shard"),
     ],
-    ids=["string-int", "zero-b_max", "negative-split", "unknown-field", "unknown-arch", "crop", "null"],
+    ids=[
+        "string-int",
+        "zero-b_max",
+        "negative-split",
+        "unknown-field",
+        "unknown-arch",
+        "crop",
+        "null",
+    ],
 )
 def test_invalid_schema_is_422(
     change: dict[str, object], where: str | None, served: ServerProcess, dataset: Dataset
@@ -237,7 +253,11 @@ def test_weights_that_are_not_safetensors_are_422(served: ServerProcess, dataset
     body["model"] = {
         "arch": ARCH,
         "num_classes": 3,
-        "weights": {"container": MODELS, "object": "junk.safetensors", "sha256": hapi_models.sha256_hex(junk)},
+        "weights": {
+            "container": MODELS,
+            "object": "junk.safetensors",
+            "sha256": hapi_models.sha256_hex(junk),
+        },
     }
     err = assert_error(post(served, body, dataset.headers()), 422, "invalid_request")
     assert "junk.safetensors" in err.detail
@@ -251,7 +271,9 @@ def test_weights_that_are_not_safetensors_are_422(served: ServerProcess, dataset
         ("errors/not-an-image.tar", "not a decodable image"),
     ],
 )
-def test_invalid_shard_is_422(shard: str, words: str, served: ServerProcess, dataset: Dataset) -> None:
+def test_invalid_shard_is_422(
+    shard: str, words: str, served: ServerProcess, dataset: Dataset
+) -> None:
     err = assert_error(
         post(served, dataset.request(ARCH, shard, SPLIT), dataset.headers()), 422, "invalid_shard"
     )
@@ -264,7 +286,9 @@ def test_image_that_fails_to_decode_mid_stream_ends_with_an_error_frame(
     """The header of the cut JPEG is fine, so the 200 goes out; the decode fails later."""
     body = dataset.request(ARCH, "errors/truncated-jpeg.tar", SPLIT, b_max=1)
     decoder = FrameDecoder()
-    with httpx.stream("POST", f"{served.url}/v1/extract", json=body, headers=dataset.headers(), timeout=120) as resp:
+    with httpx.stream(
+        "POST", f"{served.url}/v1/extract", json=body, headers=dataset.headers(), timeout=120
+    ) as resp:
         assert resp.status_code == 200
         with pytest.raises(RemoteStreamError) as info:
             for chunk in resp.iter_bytes():
@@ -350,7 +374,9 @@ def test_request_body_over_the_limit_is_413(limited: ServerProcess, dataset: Dat
 
 
 @pytest.mark.slow  # starts its own server
-def test_chunked_request_body_over_the_limit_is_413(limited: ServerProcess, dataset: Dataset) -> None:
+def test_chunked_request_body_over_the_limit_is_413(
+    limited: ServerProcess, dataset: Dataset
+) -> None:
     """No Content-Length to check up front: the limit must hold on the bytes as they arrive."""
     data = _big_body(dataset)
 

@@ -80,10 +80,16 @@ def one_request(server: ServerProcess, dataset: Dataset, shard: str, b_max: int)
     decoder = FrameDecoder()
     try:
         with httpx.stream(
-            "POST", f"{server.url}/v1/extract", json=body, headers=dataset.headers(), timeout=TIMEOUT
+            "POST",
+            f"{server.url}/v1/extract",
+            json=body,
+            headers=dataset.headers(),
+            timeout=TIMEOUT,
         ) as resp:
             if resp.status_code != 200:
-                return Outcome(failure=resp.read().decode(errors="replace"), status=resp.status_code)
+                return Outcome(
+                    failure=resp.read().decode(errors="replace"), status=resp.status_code
+                )
             for chunk in resp.iter_bytes():
                 decoder.feed(chunk)
         return Outcome(samples=decoder.close().samples)
@@ -161,8 +167,10 @@ def test_with_adaptation_all_requests_complete_under_the_limit(
     outcomes = load(server, dataset, SHARD, B_MAX)
     peak = watch.stop()
     assert [o.samples for o in outcomes] == [SAMPLES] * N_REQUESTS, outcomes
-    print(f"\nadaptation on: VmData grew by at most {(peak - base) / MiB:.0f} MiB "
-          f"(limit {HEADROOM / MiB:.0f} MiB)")
+    print(
+        f"\nadaptation on: VmData grew by at most {(peak - base) / MiB:.0f} MiB "
+        f"(limit {HEADROOM / MiB:.0f} MiB)"
+    )
     server.stop()
 
 

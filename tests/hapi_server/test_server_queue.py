@@ -159,8 +159,10 @@ def test_client_that_gives_up_while_queued_leaks_nothing(
         assert metric(tight, "hapi_queue_depth", device="cpu") == 1.0
         stack.close()  # A leaves too; B gets planned, finds its client gone
     wait_for(
-        lambda: metric(tight, "hapi_queue_depth", device="cpu") == 0.0
-        and metric(tight, "hapi_planned_memory_bytes", device="cpu") == 0.0,
+        lambda: (
+            metric(tight, "hapi_queue_depth", device="cpu") == 0.0
+            and metric(tight, "hapi_planned_memory_bytes", device="cpu") == 0.0
+        ),
         "the abandoned request's memory to be released",
     )
 

@@ -315,9 +315,7 @@ def test_info_advertises_the_filter() -> None:
     assert info["request_header"] == "X-Hapi-Request"
     assert info["max_body_bytes"] == 2048
     assert "hapi_servers" not in info  # internal addresses only in the admin section
-    assert get_swift_info(admin=True)["admin"]["hapi"]["hapi_servers"] == [
-        "http://127.0.0.1:8090"
-    ]
+    assert get_swift_info(admin=True)["admin"]["hapi"]["hapi_servers"] == ["http://127.0.0.1:8090"]
 
 
 # The proxy's [DEFAULT] options as paste hands them over: the whole proxy's, not only ours.

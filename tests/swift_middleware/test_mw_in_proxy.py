@@ -95,7 +95,10 @@ def test_a_plain_get_is_answered_during_a_long_in_proxy_extraction(
     def read_stream() -> None:
         try:
             with httpx.stream(
-                "POST", shard_url(in_proxy_proxy), json=body, headers=mw_data.headers(),
+                "POST",
+                shard_url(in_proxy_proxy),
+                json=body,
+                headers=mw_data.headers(),
                 timeout=300,
             ) as resp:
                 assert resp.status_code == 200, resp.read()
@@ -118,8 +121,9 @@ def test_a_plain_get_is_answered_during_a_long_in_proxy_extraction(
     try:
         assert first_batch.wait(300)
         assert not failure, failure
-        get = httpx.get(shard_url(in_proxy_proxy), headers={"X-Auth-Token": mw_data.token},
-                        timeout=300)
+        get = httpx.get(
+            shard_url(in_proxy_proxy), headers={"X-Auth-Token": mw_data.token}, timeout=300
+        )
         events.append("get")
     finally:
         reader.join(300)

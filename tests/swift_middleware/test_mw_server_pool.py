@@ -86,7 +86,11 @@ def test_all_down_says_why_for_each_server() -> None:
     assert list(p.candidates()) == []
     error = p.unavailable(7)
     assert isinstance(error, NoHapiServerError)
-    assert (error.status, error.code, error.headers) == (503, "no_hapi_server", {"Retry-After": "7"})
+    assert (error.status, error.code, error.headers) == (
+        503,
+        "no_hapi_server",
+        {"Retry-After": "7"},
+    )
     assert "a: refused" in error.detail and "b: refused" in error.detail
 
 

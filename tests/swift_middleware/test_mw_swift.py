@@ -57,9 +57,7 @@ def test_the_owner_gets_features_through_swift(
     torch.testing.assert_close(got.features(), expected, rtol=1e-4, atol=1e-5)
 
 
-def test_the_full_server_body_works_as_well(
-    decoupled_proxy: ProxyProcess, mw_data: MwData
-) -> None:
+def test_the_full_server_body_works_as_well(decoupled_proxy: ProxyProcess, mw_data: MwData) -> None:
     # The same body a client sends to the HAPI server's /v1/extract, container and shard included.
     body = {**mw_data.body("resnet18", 4), "container": MW_DATA, "shard": SHARD}
     headers = {"X-Auth-Token": mw_data.token, "Content-Type": "application/x-hapi-request+json"}
@@ -200,8 +198,12 @@ def test_ordinary_requests_behave_as_without_the_filter(
             "put_container": put_c in (201, 202),
             "put": (put.status_code, put.headers["etag"]),
             "post": post.status_code,
-            "head": (head.status_code, head.headers.get("x-object-meta-a"),
-                     head.headers.get("x-object-meta-b"), head.headers["content-length"]),
+            "head": (
+                head.status_code,
+                head.headers.get("x-object-meta-a"),
+                head.headers.get("x-object-meta-b"),
+                head.headers["content-length"],
+            ),
             "get": (get.status_code, get.content),
             "listed": f"o-{name}" in [o["name"] for o in listing.json()],
             "account_lists_container": container in [c["name"] for c in accounts.json()],
@@ -213,9 +215,7 @@ def test_ordinary_requests_behave_as_without_the_filter(
     assert results["filtered"]["get"] == (200, b"hello")
 
 
-def test_every_hapi_server_down_is_a_clear_503(
-    down_proxy: ProxyProcess, mw_data: MwData
-) -> None:
+def test_every_hapi_server_down_is_a_clear_503(down_proxy: ProxyProcess, mw_data: MwData) -> None:
     got = extract(shard_url(down_proxy), mw_data.body("alexnet", 3), mw_data.headers())
     assert got.status == 503
     answer = json.loads(got.body)

@@ -25,8 +25,16 @@ WORLD = 4
 
 def reply(round_index: int, rank: int, *, numel: int = 3, gradient: bool = True) -> GradientMessage:
     return GradientMessage(
-        round_index=round_index, epoch=0, rank=rank, samples=4, compute_seconds=0.01 * rank,
-        memory_used=0.5, loss_sum=2.0, correct=1, wire_bytes=100 * rank, requests=rank,
+        round_index=round_index,
+        epoch=0,
+        rank=rank,
+        samples=4,
+        compute_seconds=0.01 * rank,
+        memory_used=0.5,
+        loss_sum=2.0,
+        correct=1,
+        wire_bytes=100 * rank,
+        requests=rank,
         gradient=torch.full((numel,), float(rank)) if gradient else None,
     )
 
@@ -36,7 +44,10 @@ def channels() -> Iterator[tuple[AggregatorChannel, dict[int, WorkerChannel]]]:
     token = os.urandom(32)
     aggregator = AggregatorChannel(WORLD, token, io_timeout_s=10)
     # Connections complete in the listen backlog; accept() then reads each HELLO.
-    workers = {r: WorkerChannel(aggregator.address, r, WORLD, token, connect_timeout_s=10) for r in range(1, WORLD)}
+    workers = {
+        r: WorkerChannel(aggregator.address, r, WORLD, token, connect_timeout_s=10)
+        for r in range(1, WORLD)
+    }
     aggregator.accept(timeout_s=30)
     yield aggregator, workers
     for worker in workers.values():
@@ -59,7 +70,9 @@ def test_deadline_with_fewer_than_q_replies_raises(channels) -> None:  # type: i
     aggregator, workers = channels
     workers[1].send(reply(1, 1))
     workers[2].send(reply(1, 2))
-    with pytest.raises(GatherTimeoutError, match=r"3 of q=4 gradients.*no reply from ranks \[3\]") as info:
+    with pytest.raises(
+        GatherTimeoutError, match=r"3 of q=4 gradients.*no reply from ranks \[3\]"
+    ) as info:
         aggregator.gather(1, q=4, timeout_s=0.5, own=reply(1, 0), numel=3)
     assert info.value.received == 3 and info.value.q == 4 and info.value.round_index == 1
 
@@ -92,10 +105,14 @@ def test_updates_reach_every_worker_in_order(channels) -> None:  # type: ignore[
     aggregator, workers = channels
     assert workers[1].poll_update() is None
     for k in (1, 2):
-        aggregator.send_update(UpdateMessage(k, (3, 2, 2, 1), 0xABC if k == 2 else None, torch.arange(4.0) * k))
+        aggregator.send_update(
+            UpdateMessage(k, (3, 2, 2, 1), 0xABC if k == 2 else None, torch.arange(4.0) * k)
+        )
     for worker in workers.values():
         first = worker.recv_update(timeout_s=30)
-        assert first.round_index == 1 and first.checksum is None and first.next_sizes == (3, 2, 2, 1)
+        assert (
+            first.round_index == 1 and first.checksum is None and first.next_sizes == (3, 2, 2, 1)
+        )
         deadline = time.monotonic() + 30
         second = worker.poll_update()
         while second is None and time.monotonic() < deadline:
@@ -157,5 +174,7 @@ def test_a_disconnected_worker_makes_an_unreachable_q_fail_at_once(channels) -> 
     workers[3].close()  # crashed
     workers[1].send(reply(1, 1))
     workers[2].send(reply(1, 2))
-    with pytest.raises(GatherTimeoutError, match=r"3 of q=4.*disconnected: \{3: 'closed the connection'\}"):
+    with pytest.raises(
+        GatherTimeoutError, match=r"3 of q=4.*disconnected: \{3: 'closed the connection'\}"
+    ):
         aggregator.gather(1, q=4, timeout_s=3600, own=reply(1, 0))

@@ -22,8 +22,21 @@ def _parse(*argv: str) -> argparse.Namespace:
 
 
 def test_attackers_are_the_highest_ranks_and_the_straggler_the_last() -> None:
-    config = config_from_args(_parse("--aggregator", "bulyan", "--f", "1", "--attack", "reverse",
-                                     "--attackers", "2", "--straggler-delay", "0.05", "--balance"))
+    config = config_from_args(
+        _parse(
+            "--aggregator",
+            "bulyan",
+            "--f",
+            "1",
+            "--attack",
+            "reverse",
+            "--attackers",
+            "2",
+            "--straggler-delay",
+            "0.05",
+            "--balance",
+        )
+    )
     assert config.aggregator == "bulyan" and config.f == 1
     assert config.attack == "reverse" and config.attackers == (5, 6)
     assert config.straggler_rank == 6 and config.straggler_delay_s == 0.05 and config.balance
@@ -53,7 +66,13 @@ def test_torchrun_command_runs_the_worker_module_on_every_config() -> None:
     cmd = torchrun_command(7, ["a.json", "b.json"], python="py")
     assert cmd[:3] == ["py", "-m", "torch.distributed.run"]
     assert cmd[cmd.index("--nproc-per-node") + 1] == "7"
-    assert cmd[cmd.index("-m", 3) + 1 :] == ["hapi_client.distributed", "a.json", "b.json", "--log-level", "warning"]
+    assert cmd[cmd.index("-m", 3) + 1 :] == [
+        "hapi_client.distributed",
+        "a.json",
+        "b.json",
+        "--log-level",
+        "warning",
+    ]
 
 
 @pytest.mark.slow
@@ -62,13 +81,44 @@ def test_hapi_finetune_with_two_workers_end_to_end(client_env, tmp_path, capsys)
 
     metrics = tmp_path / "metrics.json"
     creds = client_env.credentials
-    code = main([
-        "finetune", "--model", client_env.models["efficientnet_lite0"].name, "--container", client_env.train,
-        "--eval-container", client_env.test, "--endpoint", client_env.server.url, "--auth-url", creds.auth_url,
-        "--user", creds.user, "--key", creds.key, "--split", "freeze", "--image-size", "64", "--batch-size", "8",
-        "--workers", "2", "--aggregator", "median", "--attack", "reverse", "--attackers", "1",
-        "--metrics-json", str(metrics), "--quiet", "--worker-log", str(tmp_path / "workers.log"),
-    ])
+    code = main(
+        [
+            "finetune",
+            "--model",
+            client_env.models["efficientnet_lite0"].name,
+            "--container",
+            client_env.train,
+            "--eval-container",
+            client_env.test,
+            "--endpoint",
+            client_env.server.url,
+            "--auth-url",
+            creds.auth_url,
+            "--user",
+            creds.user,
+            "--key",
+            creds.key,
+            "--split",
+            "freeze",
+            "--image-size",
+            "64",
+            "--batch-size",
+            "8",
+            "--workers",
+            "2",
+            "--aggregator",
+            "median",
+            "--attack",
+            "reverse",
+            "--attackers",
+            "1",
+            "--metrics-json",
+            str(metrics),
+            "--quiet",
+            "--worker-log",
+            str(tmp_path / "workers.log"),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, (tmp_path / "workers.log").read_text()[-3000:]
     assert "2 workers, aggregator median (q=2, f=0), attack: reverse by ranks [1], split 18" in out

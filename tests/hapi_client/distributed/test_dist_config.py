@@ -20,8 +20,16 @@ BASE: dict[str, Any] = {"model": "models/efficientnet_lite0", "container": "trai
 
 
 def test_json_round_trip_keeps_every_setting() -> None:
-    config = DistributedConfig(**BASE, aggregator="multi_krum", aggregator_params={"m": 3}, f=1,
-                               attack="reverse", attackers=(5, 6), balance=True, split=21)
+    config = DistributedConfig(
+        **BASE,
+        aggregator="multi_krum",
+        aggregator_params={"m": 3},
+        f=1,
+        attack="reverse",
+        attackers=(5, 6),
+        balance=True,
+        split=21,
+    )
     again = DistributedConfig.from_json(config.to_json())
     assert again == config and again.attackers == (5, 6)
     assert json.loads(config.to_json())["attackers"] == [5, 6]
@@ -41,7 +49,9 @@ def test_json_round_trip_keeps_every_setting() -> None:
         ({"attack": "reverse", "attackers": (2, 2)}, "duplicate"),
     ],
 )
-def test_bad_settings_are_refused_with_a_clear_message(changes: dict[str, object], message: str) -> None:
+def test_bad_settings_are_refused_with_a_clear_message(
+    changes: dict[str, object], message: str
+) -> None:
     with pytest.raises(DistributedConfigError, match=message):
         DistributedConfig(**{**BASE, **changes})  # type: ignore[arg-type]
 
@@ -72,10 +82,22 @@ def test_messages_round_trip_through_the_frame_codec() -> None:
     msg = GradientMessage(3, 1, 2, 40, 0.25, 0.5, 12.5, 30, 123456789012, 7, grad)
     update = UpdateMessage(3, (10, 20, 40), 2**63 - 1, grad * 2)
     buffer = FrameBuffer()
-    buffer.feed(msg.encode() + update.encode() + GradientMessage(4, 1, 2, 1, 0, 0, 0, 0, 0, 0, None).encode())
+    buffer.feed(
+        msg.encode()
+        + update.encode()
+        + GradientMessage(4, 1, 2, 1, 0, 0, 0, 0, 0, 0, None).encode()
+    )
     got = GradientMessage.decode(buffer.pop()[1])  # type: ignore[index]
-    assert got.wire_bytes == 123456789012 and got.gradient is not None and torch.equal(got.gradient, grad)
+    assert (
+        got.wire_bytes == 123456789012
+        and got.gradient is not None
+        and torch.equal(got.gradient, grad)
+    )
     back = UpdateMessage.decode(buffer.pop()[1])  # type: ignore[index]
-    assert back.next_sizes == (10, 20, 40) and back.checksum == 2**63 - 1 and torch.equal(back.gradient, grad * 2)
+    assert (
+        back.next_sizes == (10, 20, 40)
+        and back.checksum == 2**63 - 1
+        and torch.equal(back.gradient, grad * 2)
+    )
     assert GradientMessage.decode(buffer.pop()[1]).gradient is None  # type: ignore[index]
     assert buffer.pop() is None

@@ -69,4 +69,6 @@ def test_flat_gradient_round_trip_skips_frozen_parameters() -> None:
     with pytest.raises(ValueError, match="flat gradient of 3 elements"):
         set_flat_gradient(params, torch.zeros(3))
     fresh = _net()
-    assert torch.equal(flat_gradient(trainable_parameters(fresh)), torch.zeros_like(flat))  # no .grad yet
+    assert torch.equal(
+        flat_gradient(trainable_parameters(fresh)), torch.zeros_like(flat)
+    )  # no .grad yet

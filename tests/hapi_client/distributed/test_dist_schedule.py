@@ -18,8 +18,9 @@ from hapi_client.distributed import (
 from hapi_contract.epochs import plan_epoch
 
 
-def _run_epoch(shard_sizes: list[int], n: int, batch: int, seed: int, sizes_for_round) -> tuple[
-        EpochSchedule, list[list[tuple[int, int]]]]:  # type: ignore[no-untyped-def]
+def _run_epoch(
+    shard_sizes: list[int], n: int, batch: int, seed: int, sizes_for_round
+) -> tuple[EpochSchedule, list[list[tuple[int, int]]]]:  # type: ignore[no-untyped-def]
     owners = assign_shards(shard_sizes, n)
     schedule = EpochSchedule(plan_epoch(len(shard_sizes), seed, 1), shard_sizes, owners)
     per_worker: list[list[tuple[int, int]]] = [[] for _ in range(n)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 import hapi_models
@@ -64,24 +65,31 @@ def main() -> None:
                     opt.step()
                     seen += len(labels)
                     batches += 1
-                    total_loss += float(loss) * len(labels)
+                    total_loss += loss.item() * len(labels)
                 # On the training device: NCCL reduces only CUDA tensors.
                 totals = torch.tensor(
                     [seen, batches, total_loss], dtype=torch.float64, device=device
                 )
                 dist.all_reduce(totals)
                 if rank == 0:
-                    print(
+                    _say(
                         f"epoch {epoch + 1}: {int(totals[0])} samples in {batches} batches per rank "
                         f"x {world} ranks, loss {totals[2] / totals[0]:.3f}, "
                         f"{time.perf_counter() - start:.1f} s"
                     )
-                print(f"rank {rank}: {seen} samples, {batches} batches", flush=True)
+                _say(f"rank {rank}: {seen} samples, {batches} batches")
             if rank == 0:
                 digest = hapi_models.save_weights(local.full_model().cpu(), args.output)
-                print(f"saved {args.output} (sha256 {digest[:12]}...)")
+                _say(f"saved {args.output} (sha256 {digest[:12]}...)")
     finally:
         dist.destroy_process_group()
+
+
+def _say(line: str) -> None:
+    # One write per line: the ranks share the terminal, and a line split across writes
+    # (print writes the text and the newline apart) could interleave with another rank's.
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def _parse() -> argparse.Namespace:

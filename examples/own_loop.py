@@ -72,7 +72,7 @@ def main() -> None:
                 schedule.step()
                 seen += len(labels)
                 correct += int((logits.argmax(1) == labels).sum())
-                total_loss += float(loss) * len(labels)
+                total_loss += loss.item() * len(labels)
                 if args.stop_after is not None and step + 1 == args.stop_after:
                     _save(checkpoint, model, opt, schedule, scaler, train)
                     print(

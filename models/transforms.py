@@ -13,7 +13,6 @@ from dataclasses import asdict, dataclass
 
 import torch
 from PIL import Image
-from torchvision.transforms import v2
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -51,6 +50,9 @@ class InputTransform:
         return asdict(self)
 
     def pipeline(self) -> Callable[[Image.Image], torch.Tensor]:
+        # Imported here: torchvision takes seconds to import, and only decoding needs it.
+        from torchvision.transforms import v2
+
         return v2.Compose(
             [
                 v2.PILToTensor(),

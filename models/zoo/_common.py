@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import nn
 
 from ..errors import PretrainedWeightsUnavailableError
@@ -22,3 +24,14 @@ def no_offline_weights(arch: str) -> PretrainedWeightsUnavailableError:
         f"{arch} has no pretrained weights available offline (torchvision would download them); "
         "pass weights=None, or a safetensors file of your own, or use efficientnet_lite0"
     )
+
+
+def torchvision_factory(arch: str) -> Callable[..., nn.Module]:
+    """torchvision's builder of ``arch``, imported only when a model is built.
+
+    torchvision takes seconds to import; registering the zoo (``import hapi_models``) and every
+    client path that never builds a torchvision model stay without it.
+    """
+    from torchvision import models  # noqa: PLC0415 - deliberately lazy
+
+    return getattr(models, arch)  # type: ignore[no-any-return]

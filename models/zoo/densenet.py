@@ -8,13 +8,17 @@ then the linear layer) = 22 layers (Table 5.2). Freeze 20 trains norm5 and the c
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import nn
-from torchvision import models as tvm
 
 from ..registry import ModelSpec, register
 from ..splittable import SplittableModel
 from ..transforms import InputTransform
-from ._common import flatten_sequential, no_offline_weights
+from ._common import flatten_sequential, no_offline_weights, torchvision_factory
+
+if TYPE_CHECKING:
+    from torchvision import models as tvm
 
 IMAGENET = InputTransform()
 FREEZE = 20
@@ -35,7 +39,7 @@ def _layers(net: tvm.DenseNet) -> list[tuple[str, nn.Module]]:
 def _build(num_classes: int, pretrained: bool) -> SplittableModel:
     if pretrained:
         raise no_offline_weights("densenet121")
-    net = tvm.densenet121(weights=None, num_classes=num_classes)
+    net = torchvision_factory("densenet121")(weights=None, num_classes=num_classes)
     return SplittableModel(
         "densenet121",
         _layers(net),

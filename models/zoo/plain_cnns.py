@@ -18,12 +18,11 @@ from __future__ import annotations
 from typing import cast
 
 from torch import nn
-from torchvision import models as tvm
 
 from ..registry import ModelSpec, register
 from ..splittable import SplittableModel
 from ..transforms import InputTransform
-from ._common import flatten_sequential, no_offline_weights, pool_then_flatten
+from ._common import flatten_sequential, no_offline_weights, pool_then_flatten, torchvision_factory
 
 IMAGENET = InputTransform()
 
@@ -48,25 +47,25 @@ def _split_features_classifier(
     )
 
 
-def _builder(arch: str, factory: object, freeze: int):  # type: ignore[no-untyped-def]
+def _builder(arch: str, freeze: int):  # type: ignore[no-untyped-def]
     def build(num_classes: int, pretrained: bool) -> SplittableModel:
         if pretrained:
             raise no_offline_weights(arch)
-        net = factory(weights=None, num_classes=num_classes)  # type: ignore[operator]
+        net = torchvision_factory(arch)(weights=None, num_classes=num_classes)
         return _split_features_classifier(arch, net, freeze, num_classes)
 
     return build
 
 
-for _arch, _factory, _freeze, _layers in (
-    ("alexnet", tvm.alexnet, 17, 21),
-    ("vgg11", tvm.vgg11, 25, 29),
-    ("vgg19", tvm.vgg19, 36, 45),
+for _arch, _freeze, _layers in (
+    ("alexnet", 17, 21),
+    ("vgg11", 25, 29),
+    ("vgg19", 36, 45),
 ):
     register(
         ModelSpec(
             name=_arch,
-            builder=_builder(_arch, _factory, _freeze),
+            builder=_builder(_arch, _freeze),
             default_freeze_index=_freeze,
             num_layers=_layers,
             transform=IMAGENET,

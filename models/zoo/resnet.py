@@ -9,15 +9,17 @@ ResNet50: the same with 3 + 4 + 6 + 3 bottlenecks = 22 layers, freeze 20 trains 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from torch import nn
-from torchvision import models as tvm
 
 from ..registry import ModelSpec, register
 from ..splittable import SplittableModel
 from ..transforms import InputTransform
-from ._common import flatten_sequential, no_offline_weights, pool_then_flatten
+from ._common import flatten_sequential, no_offline_weights, pool_then_flatten, torchvision_factory
+
+if TYPE_CHECKING:
+    from torchvision import models as tvm
 
 IMAGENET = InputTransform()
 
@@ -35,11 +37,11 @@ def _layers(net: tvm.ResNet) -> list[tuple[str, nn.Module]]:
     return layers
 
 
-def _builder(arch: str, factory: Callable[..., tvm.ResNet], freeze: int):  # type: ignore[no-untyped-def]
+def _builder(arch: str, freeze: int):  # type: ignore[no-untyped-def]
     def build(num_classes: int, pretrained: bool) -> SplittableModel:
         if pretrained:
             raise no_offline_weights(arch)
-        net = factory(weights=None, num_classes=num_classes)
+        net = torchvision_factory(arch)(weights=None, num_classes=num_classes)
         return SplittableModel(
             arch,
             _layers(net),
@@ -52,14 +54,14 @@ def _builder(arch: str, factory: Callable[..., tvm.ResNet], freeze: int):  # typ
     return build
 
 
-for _arch, _factory, _freeze, _n in (
-    ("resnet18", tvm.resnet18, 11, 14),
-    ("resnet50", tvm.resnet50, 20, 22),
+for _arch, _freeze, _n in (
+    ("resnet18", 11, 14),
+    ("resnet50", 20, 22),
 ):
     register(
         ModelSpec(
             name=_arch,
-            builder=_builder(_arch, _factory, _freeze),
+            builder=_builder(_arch, _freeze),
             default_freeze_index=_freeze,
             num_layers=_n,
             transform=IMAGENET,

@@ -35,6 +35,12 @@ class ServerState:
     def create(cls, settings: ServerSettings) -> ServerState:
         if settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
+        # hapi_models imports torchvision lazily (clients that never build a model skip it); a
+        # server builds models and decodes images for every request, so take its ~170 MB and
+        # seconds now rather than inside the first request's admitted memory and latency.
+        import torchvision.models
+        import torchvision.transforms.v2  # noqa: F401
+
         # cuDNN runs float32 convolutions in TF32 by default: on an H100, features of a float32
         # request then differed from the CPU head by up to 1e-3 relative (5e-2 absolute for
         # EfficientNet-Lite0 at split 10), which breaks "splitting never changes results".

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .devices import Device, external_used_bytes
+from .devices import HOST_MEMORY, Device, HostMemoryProbe, external_used_bytes
 from .errors import InsufficientMemoryError, QueueFullError, RequestTimeoutError
 from .metrics import Metrics
 from .settings import ServerSettings
@@ -56,6 +56,9 @@ class DeviceScheduler:
     _planned_peak: int = 0
     evict_idle: Callable[[Device], int] | None = None
     """Set by the weights cache: drop idle weights of a device, return the bytes freed."""
+    host_memory: HostMemoryProbe = field(default_factory=lambda: HOST_MEMORY)
+    """Told of every admission and release: it measures a batch only while its request runs
+    alone in the process."""
 
     @property
     def load(self) -> int:
@@ -144,6 +147,7 @@ class DeviceScheduler:
             demand.request_id, self.device, batch, demand.footprint(batch), demand.model_bytes
         )
         self._running[demand.request_id] = reservation
+        self.host_memory.admitted()
         self.metrics.cos_batch_size.labels(self.device.name).observe(batch)
         self._publish()
         return reservation
@@ -152,7 +156,8 @@ class DeviceScheduler:
         if reservation.released:
             return
         reservation.released = True
-        self._running.pop(reservation.request_id, None)
+        if self._running.pop(reservation.request_id, None) is not None:
+            self.host_memory.released()
         self._publish()
         self._kick()
 

@@ -1,4 +1,5 @@
-"""Compute devices and their memory: NVML and torch on a GPU, a configured budget on a CPU.
+"""Compute devices and their memory: NVML and torch on a GPU, a configured budget on a CPU, and
+the measured host memory of a batch (:class:`HostMemoryProbe`).
 
 torch numbers the GPUs it sees (``CUDA_VISIBLE_DEVICES`` filters and reorders them) and NVML
 numbers every GPU of the machine, so the two indices name the same GPU only by chance. A torch
@@ -7,8 +8,13 @@ device is matched to its NVML device by UUID, which both report.
 
 from __future__ import annotations
 
+import ctypes
 import logging
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -101,3 +107,172 @@ def external_used_bytes(device: Device) -> int:
         return 0
     own = torch.cuda.memory_reserved(device.torch_device)
     return max(0, int(info.used) - int(own))
+
+
+# --- Host memory of a lone batch (a CPU device's measured peaks) -----------------------------
+
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def _glibc_mallinfo2() -> Callable[[], int] | None:
+    """glibc's free bytes held in its arenas (``mallinfo2().fordblks``); None off glibc >= 2.33."""
+    try:
+        libc = ctypes.CDLL(None)
+        fn = libc.mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    fn.argtypes = []
+    return lambda: int(fn().fordblks)
+
+
+def _read_status() -> dict[str, int]:
+    """``VmRSS`` and ``VmHWM`` of this process, in bytes."""
+    out = {}
+    for line in _STATUS.read_text().splitlines():
+        name, _, rest = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            out[name] = int(rest.split()[0]) * 1024
+    return out
+
+
+def _reset_peak() -> None:
+    _CLEAR_REFS.write_text("5")  # VmHWM := VmRSS (Linux >= 4.0)
+
+
+ProbeKey = tuple[str, int, tuple[int, ...]]
+
+
+@dataclass
+class HostMemoryProbe:
+    """Measures the host memory a batch takes, when nothing else in the process could disturb it.
+
+    A CPU has no per-request allocator statistics, and the process's resident high-water mark
+    (``VmHWM``) is shared by every thread, so a batch's peak is measured only when its request
+    is the only one admitted in the whole process (all devices: a GPU request decodes on the
+    host too) from the batch's start to its end. The schedulers report every admission and
+    release here; any of them during the batch voids the reading. Admitted requests cover model
+    loads, fine-tuning and streaming, so what can still move memory meanwhile is the event
+    loop's reading of new shards (more memory: the reading is only higher, so safer) and the
+    freeing of a finished request's shard (bounded by one object; the estimator's margin and
+    floor cover it).
+
+    The reading is ``VmHWM - VmRSS`` over the batch (``VmHWM`` is reset to ``VmRSS`` at its
+    start) plus the bytes glibc held free at the start: the batch may reuse those without the
+    RSS growing, so the reading is an upper bound of what it needed however the allocator
+    retains memory (without glibc's ``mallinfo2`` there is no such bound and nothing is measured).
+    Resetting ``VmHWM`` disturbs anyone else reading it (a benchmark's peak), so only the first
+    ``calibration_batches`` clean readings of each head are taken, one per request, and batches
+    whose input is under ``min_input_bytes`` are skipped: page granularity and the allocator's
+    fixed costs would dominate a small one.
+    """
+
+    calibration_batches: int = 4
+    min_input_bytes: int = 16 * 2**20
+    read_status: Callable[[], dict[str, int]] = _read_status
+    reset_peak: Callable[[], None] = _reset_peak
+    free_heap_bytes: Callable[[], int] | None = field(default_factory=_glibc_mallinfo2)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _admitted: int = field(default=0, init=False)
+    _events: int = field(default=0, init=False)
+    """Admissions and releases so far: a change during a batch voids its reading."""
+    _measuring: bool = field(default=False, init=False)
+    _clean: dict[ProbeKey, int] = field(default_factory=dict, init=False)
+    """Clean readings per head."""
+    _disabled: bool = field(default=False, init=False)
+
+    def admitted(self) -> None:
+        """A request got memory (any device of this process)."""
+        with self._lock:
+            self._admitted += 1
+            self._events += 1
+
+    def released(self) -> None:
+        with self._lock:
+            self._admitted = max(0, self._admitted - 1)
+            self._events += 1
+
+    def wants(self, key: ProbeKey, input_bytes: int) -> bool:
+        """Whether a batch of this head with ``input_bytes`` of input would be measured now."""
+        with self._lock:
+            return (
+                not self._disabled
+                and self.free_heap_bytes is not None
+                and not self._measuring
+                and self._admitted == 1
+                and input_bytes >= self.min_input_bytes
+                and self._clean.get(key, 0) < self.calibration_batches
+            )
+
+    @contextmanager
+    def measure(self, key: ProbeKey, samples: int, input_bytes: int) -> Iterator[ProbeReading]:
+        """Measure the body's peak host memory per sample into the yielded reading, if it can
+        be measured cleanly (``reading.bytes_per_sample`` stays None otherwise)."""
+        reading = ProbeReading()
+        if samples <= 0 or not self.wants(key, input_bytes):
+            yield reading
+            return
+        assert self.free_heap_bytes is not None
+        with self._lock:
+            self._measuring = True
+            events = self._events
+        try:
+            start = self._start()
+            reading.reset = start is not None
+            yield reading
+            if start is None:
+                return
+            base, free = start
+            peak = self.read_status()["VmHWM"]
+            with self._lock:
+                if self._events != events or self._admitted != 1:
+                    return  # another request came or went: the reading is not this batch's
+                self._clean[key] = self._clean.get(key, 0) + 1
+            reading.bytes_per_sample = (max(0, peak - base) + free) / samples
+        finally:
+            with self._lock:
+                self._measuring = False
+
+    def _start(self) -> tuple[int, int] | None:
+        """Reset the high-water mark; the resident and the allocator's free bytes now."""
+        assert self.free_heap_bytes is not None
+        try:
+            self.reset_peak()
+            return self.read_status()["VmRSS"], self.free_heap_bytes()
+        except (OSError, KeyError, ValueError) as exc:
+            # No /proc (not Linux) or no right to reset it: measure nothing from now on.
+            log.info("host memory of batches is not measured: %r", exc)
+            with self._lock:
+                self._disabled = True
+            return None
+
+
+@dataclass
+class ProbeReading:
+    bytes_per_sample: float | None = None
+    """The body's peak per sample; None when it could not be measured cleanly."""
+    reset: bool = False
+    """Whether ``VmHWM`` was reset for it."""
+
+
+HOST_MEMORY = HostMemoryProbe()
+"""The one probe of this process: host memory is the process's, whatever device runs a batch."""

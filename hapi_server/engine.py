@@ -8,6 +8,7 @@ job stops between batches once ``cancelled`` is set (client gone, server shuttin
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -18,7 +19,7 @@ import torch
 
 from hapi_contract.frames import FrameEncoder
 
-from .devices import Device
+from .devices import HOST_MEMORY, Device
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,11 @@ class JobStats:
     encode_s: float = 0.0
     feature_bytes: int = 0
     peak_bytes_per_sample: float | None = None
+    """Measured peak memory per sample (CUDA: every batch; CPU: one lone batch, see
+    :class:`~hapi_server.devices.HostMemoryProbe`); None when nothing was measured."""
+    vmhwm_resets: int = 0
+    """Batches during which the probe reset the process's ``VmHWM`` (a benchmark reading it
+    from outside must know: see :class:`~hapi_server.devices.HostMemoryProbe`)."""
 
     def as_meta(self, total_s: float, queued_s: float) -> dict[str, object]:
         return {
@@ -60,6 +66,7 @@ class JobStats:
                 "encode": round(self.encode_s * 1000, 3),
             },
             "feature_bytes": self.feature_bytes,
+            "vmhwm_resets": self.vmhwm_resets,
         }
 
 
@@ -123,27 +130,37 @@ def run_extraction(
     stats = JobStats()
     head = job.model.head(job.split)
     device = job.device.torch_device
+    key = (job.model.arch, job.split, tuple(job.transform.input_shape))
+    sample_bytes = 4 * math.prod(job.transform.input_shape)  # the float32 input batch
     for start in range(0, len(job.images), job.batch_size):
         if cancelled.is_set():
             raise JobCancelled()
+        done = min(len(job.images), start + job.batch_size) - start
         if job.device.is_cuda:
             torch.cuda.reset_peak_memory_stats(device)
             base = torch.cuda.memory_allocated(device)
-        frame = run_batch(
-            head,
-            job.transform,
-            job.images,
-            job.labels,
-            start,
-            job.batch_size,
-            device,
-            encoder,
-            job.max_pixels,
-            stats,
-        )
+        # One host reading per request at most: the estimator counts readings per request.
+        measured = stats.peak_bytes_per_sample is not None
+        probe_samples = 0 if job.device.is_cuda or measured else done
+        with HOST_MEMORY.measure(key, probe_samples, done * sample_bytes) as reading:
+            frame = run_batch(
+                head,
+                job.transform,
+                job.images,
+                job.labels,
+                start,
+                job.batch_size,
+                device,
+                encoder,
+                job.max_pixels,
+                stats,
+            )
         if job.device.is_cuda:
-            done = min(len(job.images), start + job.batch_size) - start
             peak = (torch.cuda.max_memory_allocated(device) - base) / done
             stats.peak_bytes_per_sample = max(stats.peak_bytes_per_sample or 0.0, peak)
+        else:
+            stats.vmhwm_resets += reading.reset
+            if reading.bytes_per_sample is not None:
+                stats.peak_bytes_per_sample = reading.bytes_per_sample
         emit(frame)
     return stats

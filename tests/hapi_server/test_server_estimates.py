@@ -1,0 +1,281 @@
+"""Memory estimates corrected from measured peaks: the estimator's rules, the host probe's.
+
+The estimator and the probe's bookkeeping are tested with given readings (a fake ``/proc``);
+the probe's reading itself and the engine's use of it run for real on this process.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import hapi_models
+import pytest
+import torch
+
+from hapi_contract import DEFAULT_COMPRESSION, DEFAULT_OUTPUT_DTYPE
+from hapi_contract.frames import FrameEncoder
+from hapi_server.adaptation import DeviceScheduler
+from hapi_server.devices import HOST_MEMORY, Device, HostMemoryProbe
+from hapi_server.engine import ExtractionJob, run_extraction
+from hapi_server.estimates import MemoryEstimator
+from hapi_server.metrics import Metrics
+from hapi_server.settings import ServerSettings
+from hapi_server.solver import Demand
+
+from .conftest import make_images
+
+MiB = 2**20
+ARCH, SPLIT, SHAPE = "resnet18", 4, (3, 224, 224)
+
+
+def profile_bytes(device_type: str = "cpu") -> int:
+    return MemoryEstimator().estimate(ARCH, 10, SHAPE, SPLIT, device_type).bytes_per_sample
+
+
+def observe(est: MemoryEstimator, measured: float, device_type: str = "cpu") -> int:
+    est.observe(ARCH, 10, SHAPE, SPLIT, device_type, measured)
+    return est.estimate(ARCH, 10, SHAPE, SPLIT, device_type).bytes_per_sample
+
+
+# --- estimator ----------------------------------------------------------------------------
+
+
+def test_cpu_estimate_goes_down_only_after_min_samples_to_the_largest_plus_margin() -> None:
+    base = profile_bytes()
+    est = MemoryEstimator(margin=0.05, min_samples=3)
+    assert observe(est, 0.64 * base) == base  # one reading is not enough to lower
+    assert observe(est, 0.62 * base) == base
+    # Third reading: the largest of the three, plus the margin.
+    assert observe(est, 0.60 * base) == pytest.approx(0.64 * 1.05 * base, rel=1e-6)
+
+
+def test_a_reading_above_the_estimate_raises_it_at_once() -> None:
+    base = profile_bytes()
+    est = MemoryEstimator(margin=0.05)
+    assert observe(est, 1.5 * base) == pytest.approx(1.5 * 1.05 * base, rel=1e-6)
+    # ... and it stays the largest of the window: a lower reading later does not undo it.
+    for _ in range(4):
+        assert observe(est, 0.6 * base) == pytest.approx(1.5 * 1.05 * base, rel=1e-6)
+
+
+def test_the_largest_reading_leaves_the_window() -> None:
+    base = profile_bytes()
+    est = MemoryEstimator(margin=0.0, window=3, min_samples=3)
+    observe(est, 0.9 * base)
+    observe(est, 0.7 * base)
+    assert observe(est, 0.7 * base) == pytest.approx(0.9 * base, rel=1e-6)
+    assert observe(est, 0.7 * base) == pytest.approx(0.7 * base, rel=1e-6)
+
+
+def test_a_wrong_low_reading_is_clamped_at_the_floor() -> None:
+    base = profile_bytes()
+    est = MemoryEstimator(margin=0.05, floor=0.5)
+    for _ in range(3):
+        got = observe(est, 0.01 * base)
+    assert got == pytest.approx(0.5 * base, rel=1e-6)
+
+
+def test_nonsense_readings_are_ignored() -> None:
+    base = profile_bytes()
+    est = MemoryEstimator()
+    for bad in (0.0, -5.0, float("nan"), float("inf")):
+        for _ in range(3):
+            assert observe(est, bad) == base
+
+
+def test_gpu_readings_only_ever_raise() -> None:
+    base = profile_bytes("cuda")
+    est = MemoryEstimator(margin=0.05)
+    for _ in range(5):
+        assert observe(est, 0.5 * base, "cuda") == base
+    assert observe(est, 1.2 * base, "cuda") == pytest.approx(1.2 * 1.05 * base, rel=1e-6)
+
+
+def test_corrections_are_per_head_and_device_type() -> None:
+    est = MemoryEstimator()
+    for _ in range(3):
+        est.observe(ARCH, 10, SHAPE, SPLIT, "cpu", 0.6 * profile_bytes())
+    assert est.correction(ARCH, 10, SHAPE, SPLIT, "cpu") < 1
+    assert est.correction(ARCH, 10, SHAPE, SPLIT + 1, "cpu") == 1.0
+    assert est.correction(ARCH, 10, SHAPE, SPLIT, "cuda") == 1.0
+
+
+# --- the probe's bookkeeping, on a fake /proc ---------------------------------------------
+
+
+class FakeProc:
+    """``VmRSS``/``VmHWM`` as a test sets them; counts the resets."""
+
+    def __init__(self, rss: int) -> None:
+        self.rss = rss
+        self.hwm = rss
+        self.resets = 0
+
+    def status(self) -> dict[str, int]:
+        return {"VmRSS": self.rss, "VmHWM": self.hwm}
+
+    def reset(self) -> None:
+        self.resets += 1
+        self.hwm = self.rss
+
+    def use(self, nbytes: int) -> None:
+        self.hwm = max(self.hwm, self.rss + nbytes)
+
+
+def fake_probe(
+    proc: FakeProc, free: int = 10 * MiB, calibration_batches: int = 4
+) -> HostMemoryProbe:
+    return HostMemoryProbe(
+        calibration_batches=calibration_batches,
+        read_status=proc.status,
+        reset_peak=proc.reset,
+        free_heap_bytes=lambda: free,
+    )
+
+
+KEY = (ARCH, SPLIT, SHAPE)
+BIG = 64 * MiB  # input bytes of a batch worth measuring
+
+
+def test_a_lone_batch_reads_its_peak_plus_the_free_heap_per_sample() -> None:
+    proc = FakeProc(500 * MiB)
+    probe = fake_probe(proc)
+    probe.admitted()
+    with probe.measure(KEY, 100, BIG) as reading:
+        proc.use(200 * MiB)
+    assert reading.reset and proc.resets == 1
+    # The batch may have reused the 10 MiB glibc held free: counted, an upper bound.
+    assert reading.bytes_per_sample == (200 + 10) * MiB / 100
+
+
+def test_no_reading_when_another_request_runs_or_comes_or_goes() -> None:
+    proc = FakeProc(500 * MiB)
+    probe = fake_probe(proc)
+    probe.admitted()
+    probe.admitted()
+    with probe.measure(KEY, 100, BIG) as reading:
+        proc.use(200 * MiB)
+    assert reading.bytes_per_sample is None and proc.resets == 0  # not even reset
+    probe.released()
+    with probe.measure(KEY, 100, BIG) as reading:
+        probe.admitted()  # arrives mid-batch
+        probe.released()  # and even leaves again before the end
+    assert reading.reset and reading.bytes_per_sample is None
+
+
+def test_small_batches_and_calibrated_heads_are_not_measured() -> None:
+    proc = FakeProc(500 * MiB)
+    probe = fake_probe(proc, calibration_batches=2)
+    probe.admitted()
+    with probe.measure(KEY, 10, 8 * MiB) as reading:  # under min_input_bytes
+        proc.use(50 * MiB)
+    assert reading.bytes_per_sample is None and proc.resets == 0
+    for _ in range(2):
+        with probe.measure(KEY, 100, BIG) as reading:
+            proc.use(200 * MiB)
+        assert reading.bytes_per_sample is not None
+    with probe.measure(KEY, 100, BIG) as reading:
+        proc.use(200 * MiB)
+    assert reading.bytes_per_sample is None and proc.resets == 2  # VmHWM is left alone now
+    with probe.measure((ARCH, SPLIT + 1, SHAPE), 100, BIG) as reading:  # another head
+        proc.use(200 * MiB)
+    assert reading.bytes_per_sample is not None
+
+
+def test_a_probe_that_cannot_reset_measures_nothing_from_then_on() -> None:
+    proc = FakeProc(500 * MiB)
+
+    def denied() -> None:
+        raise PermissionError("clear_refs")
+
+    probe = HostMemoryProbe(read_status=proc.status, reset_peak=denied, free_heap_bytes=lambda: 0)
+    probe.admitted()
+    with probe.measure(KEY, 100, BIG) as reading:
+        pass
+    assert reading.bytes_per_sample is None and not reading.reset
+    assert not probe.wants(KEY, BIG)
+
+
+def test_without_the_allocators_free_bytes_nothing_is_measured() -> None:
+    proc = FakeProc(500 * MiB)
+    probe = HostMemoryProbe(read_status=proc.status, reset_peak=proc.reset, free_heap_bytes=None)
+    probe.admitted()
+    with probe.measure(KEY, 100, BIG) as reading:
+        proc.use(200 * MiB)
+    assert reading.bytes_per_sample is None and proc.resets == 0
+
+
+def test_the_scheduler_reports_admissions_and_releases_once() -> None:
+    probe = fake_probe(FakeProc(0))
+    settings = ServerSettings(_env_file=None, adaptation=False)  # type: ignore[call-arg]
+    sched = DeviceScheduler(Device("cpu", 10**9), settings, Metrics(), host_memory=probe)
+    r1 = sched._admit(Demand("a", 1000, 0, 1, 10, 1.0), 10)
+    r2 = sched._admit(Demand("b", 1000, 0, 1, 10, 2.0), 10)
+    assert probe._admitted == 2
+    sched.release(r1)
+    sched.release(r1)
+    assert probe._admitted == 1
+    sched.release(r2)
+    assert probe._admitted == 0
+
+
+# --- for real, on this process ------------------------------------------------------------
+
+
+def real_probe() -> HostMemoryProbe:
+    probe = HostMemoryProbe()
+    if probe.free_heap_bytes is None:
+        pytest.skip("no glibc mallinfo2 here")
+    return probe
+
+
+def test_the_real_probe_reads_a_touched_allocation() -> None:
+    probe = real_probe()
+    probe.admitted()
+    assert probe.free_heap_bytes is not None
+    free = probe.free_heap_bytes()
+    with probe.measure(KEY, 1, BIG) as reading:
+        block = torch.ones(64 * MiB // 4)  # 64 MiB, every page written
+        del block
+    assert reading.bytes_per_sample is not None
+    # At least the block; at most the block, what glibc held free and some slack for pages
+    # touched around it (interpreter, allocator metadata).
+    assert 64 * MiB <= reading.bytes_per_sample <= 64 * MiB + free + 16 * MiB
+
+
+def test_the_engine_measures_a_lone_cpu_request_once_and_the_estimate_follows() -> None:
+    spec = hapi_models.get_spec(ARCH)
+    model = spec.builder(10, False)
+    images, labels = make_images(64, seed=3, side=224)
+    job = ExtractionJob(
+        model=model,
+        split=SPLIT,
+        images=images,
+        labels=labels,
+        transform=spec.transform,
+        batch_size=32,  # 32 x 588 KiB of input: over the probe's 16 MiB
+        device=Device("cpu", 8 * 2**30),
+        max_pixels=10**8,
+    )
+    encoder = FrameEncoder(dtype=DEFAULT_OUTPUT_DTYPE, compression=DEFAULT_COMPRESSION)
+    frames: list[bytes] = []
+    HOST_MEMORY.admitted()  # this job is the process's one admitted request
+    try:
+        if not HOST_MEMORY.wants((ARCH, SPLIT, spec.transform.input_shape), 32 * 588 * 1024):
+            pytest.skip("the process's probe is calibrated or disabled for this head")
+        stats = run_extraction(job, encoder, frames.append, threading.Event())
+    finally:
+        HOST_MEMORY.released()
+    assert len(frames) == 2 and stats.cos_batch_sizes == [32, 32]
+    assert stats.vmhwm_resets == 1  # one reading per request: the second batch is not measured
+    measured = stats.peak_bytes_per_sample
+    assert measured is not None
+    prof = MemoryEstimator().profile(ARCH, 10, spec.transform.input_shape)
+    base = profile_bytes()
+    # The input batch and the split's output certainly coexist at the end of the forward pass.
+    assert measured >= prof.input_bytes_per_sample + prof.output_bytes(SPLIT)
+    est = MemoryEstimator()
+    for _ in range(3):
+        est.observe(ARCH, 10, spec.transform.input_shape, SPLIT, "cpu", measured)
+    corrected = est.estimate(ARCH, 10, spec.transform.input_shape, SPLIT, "cpu").bytes_per_sample
+    assert corrected == pytest.approx(max(0.5 * base, 1.05 * measured), rel=1e-6)

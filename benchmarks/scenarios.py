@@ -13,9 +13,12 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import ScenarioError
-from .testbed import Testbed, run_job
+
+if TYPE_CHECKING:
+    from .testbed import Testbed
 
 __all__ = ["ORDER", "SCENARIOS", "Scenario", "run_scenarios", "testbed_job"]
 
@@ -47,6 +50,12 @@ SCENARIOS: dict[str, Scenario] = {
             False,
         ),
         Scenario(
+            "startup",
+            "wall time and peak RSS of `hapi --help`, `import hapi_client`, `import torch`",
+            "hapi_bench.startup:run_startup",
+            False,
+        ),
+        Scenario(
             "e2e",
             "epoch time and bytes/iteration of BASELINE, HAPI, ALL_IN_COS over shaped links "
             "(Fig 5.9, 5.10)",
@@ -74,7 +83,7 @@ SCENARIOS: dict[str, Scenario] = {
     )
 }
 #: The order of ``all``: the fast, stack-free ones first.
-ORDER = ("split", "gars", "e2e", "tenants", "adaptation", "proxy")
+ORDER = ("split", "gars", "startup", "e2e", "tenants", "adaptation", "proxy")
 
 
 def _function(entry: str) -> Callable[..., int]:
@@ -141,6 +150,9 @@ def run_scenarios(
     out = str(out_dir.resolve())
     code = _run_each(local, lambda s: _function(s.entry)(out_dir=out, quick=quick)) if local else 0
     if remote:
+        # Imported here: the testbed needs torch, and `hapi bench --help` reads this module.
+        from .testbed import run_job
+
         kwargs = {"names": remote, "out_dir": out, "quick": quick}
         code |= run_job(
             "hapi_bench.scenarios:testbed_job", kwargs, state_dir, shaping=shaping, nice=nice

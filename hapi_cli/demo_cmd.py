@@ -6,15 +6,15 @@ import argparse
 import time
 from pathlib import Path
 
-from hapi_bench import BenchError, DemoConfig, run_job, shaping_support
-
 from hapi_stack import PortInUseError, StackConfig, StackError, up
+
+from .choices import DEMO_DEFAULTS
 
 __all__ = ["ERRORS", "register"]
 
-ERRORS: tuple[type[BaseException], ...] = (BenchError, StackError)
-
-_DEFAULT = DemoConfig()
+# hapi_bench's errors count as user errors by their package (see main); importing them here would
+# load torch for every `hapi --help`.
+ERRORS: tuple[type[BaseException], ...] = (StackError,)
 
 
 def _shaping(value: str) -> bool | None:
@@ -35,6 +35,8 @@ def _keep(state_dir: Path) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from hapi_bench import run_job, shaping_support
+
     started = time.perf_counter()
     reason = shaping_support() if args.shaping != "throttle" else "asked for the throttle"
     how = (
@@ -88,29 +90,31 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--rate",
         type=float,
-        default=_DEFAULT.rate_mbit,
+        default=DEMO_DEFAULTS["rate_mbit"],
         help="link rate in Mbit/s (default: %(default)s)",
     )
     p.add_argument(
         "--train-per-class",
         type=int,
-        default=_DEFAULT.train_per_class,
+        default=DEMO_DEFAULTS["train_per_class"],
         help="training photos per class, 10 classes (default: %(default)s)",
     )
     p.add_argument(
         "--test-per-class",
         type=int,
-        default=_DEFAULT.test_per_class,
+        default=DEMO_DEFAULTS["test_per_class"],
         help="held-out photos per class (default: %(default)s)",
     )
     p.add_argument(
-        "--batch-size", type=int, default=_DEFAULT.batch_size, help="default: %(default)s"
+        "--batch-size", type=int, default=DEMO_DEFAULTS["batch_size"], help="default: %(default)s"
     )
-    p.add_argument("--epochs", type=int, default=_DEFAULT.epochs, help="default: %(default)s")
+    p.add_argument(
+        "--epochs", type=int, default=DEMO_DEFAULTS["epochs"], help="default: %(default)s"
+    )
     p.add_argument(
         "--freeze-index",
         type=int,
-        default=_DEFAULT.freeze_index,
+        default=DEMO_DEFAULTS["freeze_index"],
         help="layers before it stay frozen (default: %(default)s, the last two stages and the head train)",
     )
     p.add_argument(

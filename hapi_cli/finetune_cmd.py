@@ -6,25 +6,13 @@ import argparse
 import os
 from pathlib import Path
 
-import hapi_models
-
-from hapi_client import (
-    DEFAULT_AUTH_URL,
-    DEFAULT_ENDPOINT,
-    DEFAULT_RETRY_BUDGET_S,
-    MODES,
-    HapiClient,
-    HapiClientError,
-    OptimizerConfig,
-    SwiftCredentials,
-)
-
 from . import workers
+from .choices import DEFAULT_AUTH_URL, DEFAULT_ENDPOINT, DEFAULT_RETRY_BUDGET_S, MODES
 from .tables import format_table
 
-__all__ = ["ERRORS", "register", "format_table"]
-
-ERRORS: tuple[type[BaseException], ...] = (HapiClientError, hapi_models.HapiModelError)
+# hapi_client and hapi_models load torch, so _run imports them; their errors (HapiClientError,
+# HapiModelError) count as user errors by their package (see main).
+__all__ = ["register", "format_table"]
 
 
 def _split(value: str) -> int | str:
@@ -39,6 +27,10 @@ def _split(value: str) -> int | str:
 def _run(args: argparse.Namespace) -> int:
     if getattr(args, "workers", 1) > 1:
         return workers.run_from_args(args)
+    import hapi_models
+
+    from hapi_client import HapiClient, OptimizerConfig, SwiftCredentials
+
     creds = SwiftCredentials(
         args.auth_url or os.environ.get("ST_AUTH") or DEFAULT_AUTH_URL,
         args.user or os.environ.get("ST_USER") or "test:tester",

@@ -3,7 +3,12 @@
 A command module exposes ``register(subparsers) -> None``, which adds its parser and sets
 ``func`` (``func(args) -> int``, the exit code) with ``set_defaults``. It may also define
 ``ERRORS``, a tuple of exception types to report as user-facing errors; exceptions defined in
-the project's own packages (``hapi_*``, ``swift_middleware``) count as such anyway.
+the project's own packages (``hapi_*``, ``swift_middleware``) count as such anyway, by the name of
+their module, so that none has to be imported to be recognised.
+
+Every command module is imported to build the parser, for ``hapi --help`` and usage errors too:
+none may import torch at its top (``tests/hapi_cli/test_cli_startup.py`` checks). Handlers import
+the heavy packages they use; parsers take their choices and defaults from :mod:`hapi_cli.choices`.
 
 Exit codes: 0 success, 1 failure reported by the command or unexpected error, 2 usage or library
 error (one line on stderr; ``--debug`` shows the traceback instead), 130 interrupted.

@@ -5,20 +5,18 @@ from __future__ import annotations
 import argparse
 import time
 
-import hapi_models
-
-from hapi_client import upload_model
-
+from .choices import ARCHITECTURES
 from .upload_cmd import add_upload_subcommand, connect
 
-__all__ = ["ERRORS", "register"]
-
-ERRORS: tuple[type[BaseException], ...] = (hapi_models.HapiModelError,)
+# hapi_client loads torch, so _upload_model imports it; hapi_models' errors count as user errors
+# by their package (see main).
+__all__ = ["register"]
 
 
 def _upload_model(args: argparse.Namespace) -> int:
-    hapi_models.get_spec(args.arch)  # an unknown name fails before connecting
-    conn = connect(args)
+    from hapi_client import upload_model
+
+    conn = connect(args)  # --arch is checked by the parser (choices), before connecting
     start = time.perf_counter()
     try:
         stored, uploaded = upload_model(
@@ -57,7 +55,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--arch", required=True, help=f"one of: {', '.join(hapi_models.list_models())}"
+        "--arch",
+        required=True,
+        choices=ARCHITECTURES,
+        metavar="ARCH",
+        help=f"one of: {', '.join(ARCHITECTURES)}",
     )
     parser.add_argument(
         "--weights",

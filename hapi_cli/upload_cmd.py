@@ -10,18 +10,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from swiftclient.client import Connection
+from hapi_contract.dataset import DEFAULT_SHARD_SIZE
 
-from hapi_client.datasets import (
-    SOURCE_SPEC_HELP,
-    DatasetError,
-    get_source,
-    swift_errors,
-    sync_dataset,
-)
-from hapi_contract.dataset import DEFAULT_SHARD_SIZE, DatasetFormatError
+from .choices import DEFAULT_AUTH_URL, SOURCE_SPEC_HELP
+
+if TYPE_CHECKING:
+    from swiftclient.client import Connection
 
 __all__ = [
     "DEFAULT_AUTH_URL",
@@ -35,10 +31,11 @@ __all__ = [
     "swift_options",
 ]
 
-DEFAULT_AUTH_URL = "http://127.0.0.1:8080/auth/v1.0"
 DEFAULT_USER = "test:tester"
 DEFAULT_KEY = "testing"
-ERRORS: tuple[type[BaseException], ...] = (DatasetError, DatasetFormatError)
+# hapi_client loads torch, so the handlers import it; DatasetError and DatasetFormatError count as
+# user errors by their package (see main).
+ERRORS: tuple[type[BaseException], ...] = ()
 
 #: The ``upload`` parser's subparsers, set by :func:`register`.
 UPLOAD_SUBPARSERS: argparse._SubParsersAction[argparse.ArgumentParser] | None = None
@@ -73,6 +70,10 @@ def connect(args: argparse.Namespace) -> Connection:
         SwiftUnavailableError: Swift does not answer (the message says to run `hapi stack up`).
         SwiftAuthError: wrong user or key.
     """
+    from swiftclient.client import Connection
+
+    from hapi_client.datasets import swift_errors
+
     conn = Connection(
         authurl=args.auth_url or os.environ.get("ST_AUTH") or DEFAULT_AUTH_URL,
         user=args.user or os.environ.get("ST_USER") or DEFAULT_USER,
@@ -102,6 +103,8 @@ def _megabytes(count: float) -> str:
 
 
 def _upload_dataset(args: argparse.Namespace) -> int:
+    from hapi_client.datasets import DatasetError, get_source, sync_dataset
+
     if args.shard_size < 1:
         raise DatasetError(f"--shard-size must be >= 1, got {args.shard_size}")
     conn = connect(args)  # first: an unreachable Swift should fail before any slow source work

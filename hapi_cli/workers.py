@@ -13,18 +13,15 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hapi_client import DEFAULT_AUTH_URL, DEFAULT_ENDPOINT, SwiftCredentials
-from hapi_client.distributed import (
-    DistributedConfig,
-    DistributedConfigError,
-    DistributedResult,
-    launch,
-)
-from hapi_client.robust import list_aggregators, list_attacks
-
+from .choices import AGGREGATORS, ATTACKS, DEFAULT_AUTH_URL, DEFAULT_ENDPOINT
 from .tables import format_table
+
+if TYPE_CHECKING:
+    # hapi_client loads torch: the functions that need it import it when called, so that building
+    # the `finetune` parser (every `hapi --help`) does not.
+    from hapi_client.distributed import DistributedConfig, DistributedResult
 
 __all__ = ["add_worker_arguments", "config_from_args", "format_result", "run_from_args"]
 
@@ -35,7 +32,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--aggregator",
         default="average",
-        help=f"gradient aggregation rule: {', '.join(list_aggregators())} (default: %(default)s)",
+        help=f"gradient aggregation rule: {', '.join(AGGREGATORS)} (default: %(default)s)",
     )
     group.add_argument(
         "--f",
@@ -53,7 +50,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds the aggregator waits for q gradients before failing (default: %(default)s)",
     )
     group.add_argument(
-        "--attack", help=f"simulated attack of the attacker ranks: {', '.join(list_attacks())}"
+        "--attack", help=f"simulated attack of the attacker ranks: {', '.join(ATTACKS)}"
     )
     group.add_argument(
         "--attackers",
@@ -103,6 +100,8 @@ def _opt(args: argparse.Namespace, name: str, default: Any = None) -> Any:
 
 def config_from_args(args: argparse.Namespace) -> DistributedConfig:
     """The :class:`DistributedConfig` that ``hapi finetune`` arguments describe."""
+    from hapi_client.distributed import DistributedConfig, DistributedConfigError
+
     workers = int(_opt(args, "workers", 1))
     attackers = int(_opt(args, "attackers", 0))
     if not 0 <= attackers < workers:
@@ -185,6 +184,9 @@ def format_result(result: DistributedResult) -> list[dict[str, object]]:
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Run ``hapi finetune`` with ``--workers N`` > 1; returns the exit code."""
+    from hapi_client import SwiftCredentials
+    from hapi_client.distributed import launch
+
     config = config_from_args(args)
     creds = SwiftCredentials(
         _opt(args, "auth_url") or os.environ.get("ST_AUTH") or DEFAULT_AUTH_URL,

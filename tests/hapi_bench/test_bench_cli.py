@@ -13,9 +13,10 @@ from hapi_cli.main import main
 def test_bench_list_names_every_scenario(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "list"]) == 0
     out = capsys.readouterr().out
-    for name in ("e2e", "split", "tenants", "adaptation", "gars", "proxy"):
+    names = {"e2e", "split", "tenants", "adaptation", "gars", "startup", "proxy"}
+    for name in names:
         assert name in out
-    assert set(ORDER) == {"e2e", "split", "tenants", "adaptation", "gars", "proxy"}
+    assert set(ORDER) == names
 
 
 def test_bench_rejects_an_unknown_scenario(capsys: pytest.CaptureFixture[str]) -> None:

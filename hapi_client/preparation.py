@@ -14,29 +14,36 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import hapi_models
+import torch
 
-from hapi_contract import DatasetManifest, OutputDtype, ProfileSpec, profile_to_spec
+from hapi_contract import Compression, DatasetManifest, OutputDtype, ProfileSpec, profile_to_spec
 
+from .costs import PipelineCosts, measure_pipeline_costs
 from .errors import ConfigurationError
 from .model_store import StoredModel, download_model, resolve_model
 from .split import SplitDecision, choose_split_index
+from .split_time import choose_split_by_time
 
 if TYPE_CHECKING:
     from .client import HapiClient
 
 __all__ = [
     "PreparedModel",
+    "SPLIT_RULES",
     "SplitChoice",
     "cos_batch_cap",
     "decide_split",
     "prepare_model",
     "rescale_transform",
+    "split_costs",
 ]
 
 log = logging.getLogger(__name__)
 
-#: ``"auto"`` (from the measured bandwidth), ``"freeze"`` (the freeze index) or an index.
-SplitChoice = int | Literal["auto", "freeze"]
+#: ``"auto"`` (predicted time per iteration, :mod:`hapi_client.split_time`), ``"thesis"``
+#: (thesis Algorithm 2 on the measured bandwidth), ``"freeze"`` (the freeze index) or an index.
+SplitChoice = int | Literal["auto", "thesis", "freeze"]
+SPLIT_RULES = ("auto", "thesis", "freeze")
 
 
 @dataclass
@@ -121,25 +128,68 @@ def decide_split(
     freeze: int,
     output_dtype: OutputDtype,
     split: SplitChoice | str,
+    costs: PipelineCosts | None = None,
 ) -> SplitDecision:
-    """The split for ``split`` = ``"auto"`` (thesis Algorithm 2 on ``bandwidth``), ``"freeze"``
-    or an index in ``[0, freeze]``."""
+    """The split for ``split`` = ``"auto"`` (the fastest predicted from ``costs`` and
+    ``bandwidth``; Algorithm 2 when the server's costs are missing), ``"thesis"`` (Algorithm 2
+    on ``bandwidth``), ``"freeze"`` or an index in ``[0, freeze]``."""
     if split == "freeze":
-        return SplitDecision(freeze, "forced to the freeze index", 0.0, 0.0, 0.0, ())
+        return SplitDecision(freeze, "forced to the freeze index", 0.0, 0.0, 0.0, (), "forced")
     if isinstance(split, int) and not isinstance(split, bool):
         if not 0 <= split <= freeze:
             raise ConfigurationError(f"split index {split} must be in [0, freeze index {freeze}]")
-        return SplitDecision(split, "forced by the caller", 0.0, 0.0, 0.0, ())
-    if split != "auto":
-        raise ConfigurationError(f"split must be 'auto', 'freeze' or an index, got {split!r}")
+        return SplitDecision(split, "forced by the caller", 0.0, 0.0, 0.0, (), "forced")
+    if split not in ("auto", "thesis"):
+        raise ConfigurationError(
+            f"split must be 'auto', 'thesis', 'freeze' or an index, got {split!r}"
+        )
     if bandwidth is None:
-        raise ConfigurationError("split='auto' needs a bandwidth estimate (probe Swift first)")
+        raise ConfigurationError(f"split={split!r} needs a bandwidth estimate (probe Swift first)")
+    if split == "auto" and costs is not None and costs.server is not None:
+        return choose_split_by_time(
+            costs.server,
+            costs.client,
+            manifest.mean_shard_bytes_per_sample,
+            batch_size,
+            bandwidth,
+            freeze,
+        )
     width = 4 if output_dtype == OutputDtype.FLOAT32 else 2
-    return choose_split_index(
+    decision = choose_split_index(
         prof,
         manifest.mean_shard_bytes_per_sample,
         batch_size,
         bandwidth,
         freeze,
         wire_bytes_per_element=width,
+    )
+    if split == "auto":
+        why = costs.server_missing if costs is not None else "no measured costs"
+        decision = dataclasses.replace(decision, reason=f"{why}; Algorithm 2: {decision.reason}")
+    return decision
+
+
+def split_costs(
+    client: HapiClient,
+    prepared: PreparedModel,
+    container: str,
+    *,
+    output_dtype: OutputDtype,
+    compression: Compression,
+    b_max: int,
+    device: torch.device | None = None,
+) -> PipelineCosts:
+    """What ``split="auto"`` needs measured: the costs of every split (and, on the way, the
+    bandwidth, when it is not known yet). ``device``: where training runs (default: CUDA when
+    there is one)."""
+    if device is None:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return measure_pipeline_costs(
+        client,
+        prepared,
+        container,
+        output_dtype=output_dtype,
+        compression=compression,
+        device=device,
+        b_max=b_max,
     )

@@ -1,4 +1,7 @@
-"""Choosing the split index from the measured bandwidth (thesis Algorithm 2, made precise).
+"""The thesis' split rule: Algorithm 2, made precise (``split="thesis"``).
+
+HAPI's default rule predicts time instead (:mod:`hapi_client.split_time`); this one stays, under
+its own name, as the thesis states it, with one fix to its fallback (below).
 
 As DESIGN.md states it (digest D1, D2):
 
@@ -19,10 +22,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 from .errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from .split_time import StageTimes
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +50,13 @@ class SplitDecision:
     output_bytes_per_batch: float
     """Bytes per iteration the chosen split ships (the input's when split is 0)."""
     budget_bytes: float
+    """Bytes one second of the measured bandwidth carries (0 when the split was forced)."""
     candidates: tuple[int, ...]
+    rule: str = "thesis"
+    """Which rule decided: ``"time"`` (predicted time, the default), ``"thesis"`` (Algorithm 2)
+    or ``"forced"`` (the caller's index or the freeze index)."""
+    predictions: tuple[StageTimes, ...] = field(default=(), repr=False)
+    """The rule ``"time"``'s predicted stages of every split it considered."""
 
 
 def choose_split_index(

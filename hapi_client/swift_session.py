@@ -198,32 +198,37 @@ class SwiftSession:
 
     def probe(self, container: str, name: str, nbytes: int = 8 << 20) -> float:
         """Time a ranged read of up to ``nbytes`` of an object; return bytes/s and feed the estimate."""
+        return self.read_prefix(container, name, nbytes)[0]
+
+    def read_prefix(self, container: str, name: str, nbytes: int) -> tuple[float, bytes]:
+        """A timed ranged read of an object's first ``nbytes``: the rate (fed to the bandwidth
+        estimate) and the bytes."""
         what = f"{container}/{name}"
 
-        def read() -> tuple[int, float]:
+        def read() -> tuple[bytes, float]:
             start = time.perf_counter()
             _, body = self._conn().get_object(
                 container, name, headers={"Range": f"bytes=0-{nbytes - 1}"}, resp_chunk_size=1 << 20
             )
-            total = 0
+            chunks = []
             for chunk in body:
                 if self.throttle is not None:
                     self.throttle.consume(len(chunk))
-                total += len(chunk)
-            return total, time.perf_counter() - start
+                chunks.append(chunk)
+            return b"".join(chunks), time.perf_counter() - start
 
-        total, seconds = self._retrying(what, read)
-        rate = total / max(seconds, 1e-9)
+        data, seconds = self._retrying(what, read)
+        rate = len(data) / max(seconds, 1e-9)
         if self.bandwidth is not None:
-            self.bandwidth.observe(total, seconds)
+            self.bandwidth.observe(len(data), seconds)
         log.info(
             "bandwidth probe: %d bytes of %s in %.3f s = %.1f Mbit/s",
-            total,
+            len(data),
             what,
             seconds,
             rate * 8e-6,
         )
-        return rate
+        return rate, data
 
     def connection(self) -> Connection:
         """This thread's swiftclient connection for metadata operations (listings, manifests).

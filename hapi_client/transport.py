@@ -29,6 +29,8 @@ from hapi_contract import (
     FinetuneRequest,
     FrameError,
     RemoteStreamError,
+    TimingsRequest,
+    TimingsResponse,
 )
 from hapi_contract.frames import BatchFrame, EndFrame, FrameDecoder
 
@@ -235,6 +237,29 @@ class HapiTransport:
             done - start,
             cos_batch_sizes=list(end.meta.get("cos_batch_sizes", [])) if end.meta else [],
         )
+
+    def timings(self, req: TimingsRequest) -> TimingsResponse:
+        """The server's measured costs of ``req``'s head (``POST /v1/timings``).
+
+        Asked of the HAPI server itself: the Swift filter serves extraction only, and a run
+        through the filter's in-proxy mode has no server to ask (the caller falls back then).
+        """
+        body = req.model_dump(mode="json")
+
+        def send(url: str, headers: dict[str, str]) -> TimingsResponse | httpx.Response:
+            resp = self._http.post(url, json=body, headers=headers)
+            if resp.status_code != 200:
+                return resp
+            return TimingsResponse.model_validate_json(resp.content)
+
+        result, _ = self._request(
+            f"timing {req.model.arch} on {req.container}/{req.shard}",
+            req.container,
+            req.shard,
+            "timings",
+            send,
+        )
+        return result
 
     def finetune(self, req: FinetuneRequest) -> tuple[bytes, FinetuneMetrics]:
         body = req.model_dump(mode="json")

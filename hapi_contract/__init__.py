@@ -8,13 +8,14 @@ with tensors are submodules, imported explicitly by who needs them (and they imp
 * :mod:`hapi_contract.epochs`: the order in which an epoch visits samples.
 """
 
-from . import dataset, errors, http, profile, requests, responses
+from . import dataset, errors, http, profile, requests, responses, timings
 from .dataset import *  # noqa: F403
 from .errors import *  # noqa: F403
 from .http import *  # noqa: F403
 from .profile import *  # noqa: F403
 from .requests import *  # noqa: F403
 from .responses import *  # noqa: F403
+from .timings import *  # noqa: F403
 
 __all__ = [
     *dataset.__all__,
@@ -23,4 +24,5 @@ __all__ = [
     *profile.__all__,
     *requests.__all__,
     *responses.__all__,
+    *timings.__all__,
 ]

@@ -25,6 +25,7 @@ __all__ = [
     "HEALTH_PATH",
     "METRICS_PATH",
     "MODELS_PATH",
+    "TIMINGS_PATH",
 ]
 
 API_PREFIX = "/v1"
@@ -35,6 +36,9 @@ EXTRACT_PATH = f"{API_PREFIX}/extract"
 
 FINETUNE_PATH = f"{API_PREFIX}/finetune"
 """``POST``: ALL_IN_COS fine-tuning; the body is the trained weights (safetensors)."""
+
+TIMINGS_PATH = f"{API_PREFIX}/timings"
+"""``POST``: time a model's head on the server's device over a shard's first images (JSON)."""
 
 MODELS_PATH = f"{API_PREFIX}/models"
 """``GET``: the architectures the server can run."""

@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .body_limit import BodyLimitMiddleware
 from .core import validation_detail
 from .errors import HapiServerError
-from .routers import extract, finetune, health, metrics, models
+from .routers import extract, finetune, health, metrics, models, timings
 from .settings import ServerSettings, get_settings
 from .state import ServerState
 
@@ -90,6 +90,6 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.add_exception_handler(HapiServerError, _hapi_error)
     app.add_exception_handler(Exception, _unexpected)
     app.add_exception_handler(RequestValidationError, _invalid)
-    for module in (extract, finetune, models, health, metrics):
+    for module in (extract, timings, finetune, models, health, metrics):
         app.include_router(module.router)
     return app

@@ -98,6 +98,10 @@ def finetune_responses() -> dict[int | str, dict[str, Any]]:
     }
 
 
+def timings_responses() -> dict[int | str, dict[str, Any]]:
+    return _errors(_SWIFT_WORK)
+
+
 def models_responses() -> dict[int | str, dict[str, Any]]:
     return _errors({})
 

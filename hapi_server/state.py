@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -15,6 +15,7 @@ from .estimates import MemoryEstimator
 from .metrics import Metrics
 from .settings import ServerSettings
 from .swift_io import SwiftReader
+from .timing_cache import LayerTimes
 from .weights_cache import WeightsCache
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,8 @@ class ServerState:
     swift: SwiftReader
     metrics: Metrics
     executor: ThreadPoolExecutor
+    layer_times: LayerTimes = field(default_factory=LayerTimes.empty)
+    """Per-layer seconds per sample measured by ``POST /v1/timings``, per model and device."""
 
     @classmethod
     def create(cls, settings: ServerSettings) -> ServerState:

@@ -21,7 +21,13 @@ from hapi_contract import Compression, DatasetManifest, OutputDtype, ProfileSpec
 
 from ..client import HapiClient
 from ..model_store import StoredModel
-from ..preparation import decide_split, prepare_model
+from ..preparation import (
+    PreparedModel,
+    cos_batch_cap,
+    decide_split,
+    prepare_model,
+    split_costs,
+)
 from ..swift_session import DEFAULT_AUTH_URL, SwiftCredentials
 from .config import DistributedConfig
 from .errors import DistributedConfigError
@@ -159,7 +165,7 @@ def setup_replica(
         eval_manifest = client.manifest(cfg.eval_container)
     freeze = prepared.freeze_index
     dtype = OutputDtype(cfg.output_dtype)
-    split = _agree_on_split(client, cfg, rank, prepared.profile, prepared.manifest, freeze, dtype)
+    split = _agree_on_split(client, cfg, rank, prepared, device, dtype)
     net = prepared.net.to(device)
     hapi_models.prepare_for_finetuning(net, freeze)
     trainable = net.tail(freeze)
@@ -192,27 +198,41 @@ def _agree_on_split(
     client: HapiClient,
     cfg: DistributedConfig,
     rank: int,
-    prof: hapi_models.ModelProfile,
-    manifest: DatasetManifest,
-    freeze: int,
+    prepared: PreparedModel,
+    device: torch.device,
     dtype: OutputDtype,
 ) -> int:
-    """Rank 0 decides the split (from its measured bandwidth) and every rank uses it."""
+    """Rank 0 decides the split (from its measured costs and bandwidth); every rank uses it."""
     choice = torch.zeros(1, dtype=torch.int64)
     if rank == 0:
         if cfg.mode == "baseline":
             choice[0] = 0
         else:
-            if cfg.split == "auto" and client.bandwidth.bytes_per_s is None:
-                client.swift.probe(cfg.container, manifest.shards[0].name)
+            costs = None
+            if cfg.split == "auto":
+                costs = split_costs(
+                    client,
+                    prepared,
+                    cfg.container,
+                    output_dtype=dtype,
+                    compression=Compression(cfg.compression),
+                    b_max=cos_batch_cap(prepared.manifest, cfg.b_max),
+                    device=device,
+                )
+            elif cfg.split == "thesis" and client.bandwidth.bytes_per_s is None:
+                client.swift.probe(cfg.container, prepared.manifest.shards[0].name)
+            bandwidth = client.bandwidth.bytes_per_s
+            if bandwidth is None and costs is not None:
+                bandwidth = costs.probed_bytes_per_s
             decision = decide_split(
-                prof,
-                manifest,
+                prepared.profile,
+                prepared.manifest,
                 cfg.batch_size,
-                client.bandwidth.bytes_per_s,
-                freeze,
+                bandwidth,
+                prepared.freeze_index,
                 dtype,
                 cfg.split,
+                costs,
             )
             log.info("split %d: %s", decision.split_index, decision.reason)
             choice[0] = decision.split_index

@@ -21,21 +21,23 @@ def fashion(client_env: ClientEnv) -> tuple[str, str]:
     return "fmnist-train", "fmnist-test"
 
 
-def test_auto_split_streams_tiny_images_raw(
+def test_thesis_rule_streams_tiny_images_raw(
     client_env: ClientEnv, fashion: tuple[str, str]
 ) -> None:
-    """At the model's 224 px, every layer outputs more than a stored ~2.3 kB sample: split 0."""
+    """At the model's 224 px, every layer outputs more than a stored ~2.3 kB sample: Algorithm 2
+    (``split="thesis"``) pushes nothing down, split 0."""
     with client_env.client() as client:
         result = client.finetune(
             model=client_env.models["efficientnet_lite0"].name,
             container=fashion[0],
             batch_size=64,
             epochs=1,
-            split="auto",
+            split="thesis",
             progress=False,
             max_iterations=1,
         )
     assert result.split is not None and result.split.split_index == 0
+    assert result.split.rule == "thesis"
     assert result.history[0].split_index == 0
 
 

@@ -42,6 +42,8 @@ POSITIVE, NEGATIVE = GenerationMode.POSITIVE, GenerationMode.NEGATIVE
 OPERATIONS = [
     ("POST", "/v1/extract", POSITIVE),
     ("POST", "/v1/extract", NEGATIVE),
+    ("POST", "/v1/timings", POSITIVE),
+    ("POST", "/v1/timings", NEGATIVE),
     ("POST", "/v1/finetune", POSITIVE),
     ("POST", "/v1/finetune", NEGATIVE),
     ("GET", "/v1/models", POSITIVE),

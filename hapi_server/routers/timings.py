@@ -1,0 +1,18 @@
+"""``POST /v1/timings``: time a model's head on this server's device (see ``hapi_server.timing``)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from hapi_contract import TIMINGS_PATH, TimingsRequest, TimingsResponse
+
+from .. import route_docs, timing
+from ..deps import CallerDep, StateDep
+
+router = APIRouter()
+
+
+@router.post(TIMINGS_PATH, response_model=TimingsResponse, responses=route_docs.timings_responses())
+async def timings(req: TimingsRequest, state: StateDep, caller: CallerDep) -> TimingsResponse:
+    """Time the decode, layers ``[0, split_index)`` and the encoding over a shard's first images."""
+    return await timing.time_request(state, caller, req)

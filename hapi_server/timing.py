@@ -1,0 +1,161 @@
+"""``POST /v1/timings``: time a model's head on this server's device, layer by layer.
+
+The client predicts the pipeline's time per iteration for every split before it chooses one
+(``hapi_client.split_time``); the server's share must be measured here, on the device and with
+the threads that will run it. A timing request is admitted exactly like an extract request
+(same checks, same memory planning, the caller's own shard and weights), then, instead of
+streaming, runs its first images through the layers one at a time: the decode, every layer and
+the encoding of every layer's output at the request's dtype and compression are timed, and the
+encoded sizes are what the wire would carry. Layer times are kept per (architecture, class
+count, input shape, device): measured once, with one untimed warm-up pass first; later requests
+only decode and size (the images, hence the compression ratio, can differ per dataset).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import hapi_models
+import torch
+
+from hapi_contract import TimingsRequest, TimingsResponse
+from hapi_contract.frames import FrameEncoder
+
+from . import extraction
+from .core import input_transform
+from .devices import Device
+from .engine import BatchExecutionError
+from .state import ServerState
+from .swift_io import Caller
+from .timing_cache import TimingKey
+
+__all__ = ["HeadMeasurement", "measure_head", "time_request"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HeadMeasurement:
+    decode_s_per_sample: float
+    layer_s_per_sample: list[float]
+    encode_s_per_sample: list[float]
+    wire_bytes_per_sample: list[float]
+
+
+def _sync(device: Device) -> None:
+    if device.is_cuda:
+        torch.cuda.synchronize(device.torch_device)
+
+
+def measure_head(
+    model: hapi_models.SplittableModel,
+    split: int,
+    images: Sequence[bytes],
+    transform: hapi_models.InputTransform,
+    device: Device,
+    encoder: FrameEncoder,
+    max_pixels: int,
+    *,
+    time_layers: bool,
+) -> HeadMeasurement:
+    """Decode ``images`` and run them through layers ``[0, split)`` one layer at a time.
+
+    With ``time_layers`` an untimed pass runs first (allocator and kernel caches, lazy module
+    state), so that the timed pass measures the steady state the pipeline runs in.
+    """
+    n = len(images)
+    labels = torch.zeros(n, dtype=torch.int64)
+    try:
+        start = time.perf_counter()
+        x = transform.decode_batch(list(images), max_pixels=max_pixels)
+        decode = (time.perf_counter() - start) / n
+        x = x.to(device.torch_device)
+        layers = model.layers[:split]
+        with torch.inference_mode():
+            if time_layers:
+                warm = x
+                for layer in layers:
+                    warm = layer(warm)
+                del warm
+            times: list[float] = []
+            encode: list[float] = []
+            sizes: list[float] = []
+            for layer in layers:
+                _sync(device)
+                start = time.perf_counter()
+                x = layer(x)
+                _sync(device)
+                times.append((time.perf_counter() - start) / n)
+                start = time.perf_counter()
+                frame = encoder.batch(x.to("cpu"), labels, offset=0)
+                encode.append((time.perf_counter() - start) / n)
+                sizes.append(len(frame) / n)
+    except NotImplementedError:
+        raise
+    except RuntimeError as exc:  # the same reading as the engine's: the device ran out
+        raise BatchExecutionError(str(exc)) from exc
+    return HeadMeasurement(decode, times, encode, sizes)
+
+
+async def time_request(state: ServerState, caller: Caller, req: TimingsRequest) -> TimingsResponse:
+    """Admit ``req`` as an extraction of its first ``samples`` images, and measure it."""
+    prep = await extraction.prepare(state, caller, req.model_copy(update={"b_max": req.samples}))
+    status = "200"
+    try:
+        images = prep.images[: min(req.samples, prep.reservation.batch_size)]
+        device = prep.scheduler.device
+        transform = input_transform(req.transform)
+        key: TimingKey = (
+            req.model.arch,
+            req.model.num_classes,
+            transform.input_shape,
+            device.name,
+        )
+        cached = state.layer_times.get(key, req.split_index)
+        run = functools.partial(
+            measure_head,
+            prep.model.model,
+            req.split_index,
+            images,
+            transform,
+            device,
+            FrameEncoder(dtype=req.output_dtype, compression=req.compression),
+            state.settings.max_image_pixels,
+            time_layers=cached is None,
+        )
+        measured = await asyncio.get_running_loop().run_in_executor(state.executor, run)
+        if cached is None:
+            state.layer_times.put(key, measured.layer_s_per_sample)
+        load = max(0, prep.scheduler.load - 1)
+    except BaseException:
+        status = "error"
+        raise
+    finally:
+        # ``finish`` counts the request under "extract"; a timing request is one too, as far as
+        # memory and the request metrics go.
+        extraction.finish(state, prep, status)
+    log.info(
+        "%s: timed %s up to layer %d on %s over %d images (%s)",
+        prep.request_id,
+        req.model.arch,
+        req.split_index,
+        device.name,
+        len(images),
+        "layer times cached" if cached is not None else "layer times measured",
+    )
+    return TimingsResponse(
+        arch=req.model.arch,
+        device=device.name,
+        samples=len(images),
+        decode_s_per_sample=measured.decode_s_per_sample,
+        layer_s_per_sample=cached if cached is not None else measured.layer_s_per_sample,
+        encode_s_per_sample=measured.encode_s_per_sample,
+        wire_bytes_per_sample=measured.wire_bytes_per_sample,
+        load=load,
+        cached=cached is not None,
+    )

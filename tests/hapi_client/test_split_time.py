@@ -1,0 +1,81 @@
+"""The split by predicted time (``hapi_client.split_time``) on made-up costs: pure arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+
+from hapi_client import ConfigurationError
+from hapi_client.split_time import (
+    ClientCosts,
+    ServerCosts,
+    choose_split_by_time,
+    predict_stage_times,
+)
+
+MBIT = 1e6 / 8
+
+# Four frozen layers: the second one shrinks the features below the stored bytes.
+SERVER = ServerCosts(
+    decode_s=0.002,
+    layer_s=[0.001, 0.004, 0.001, 0.001],
+    encode_s=[0.0001] * 4,
+    wire_bytes=[400_000.0, 30_000.0, 20_000.0, 60_000.0],
+)
+CLIENT = ClientCosts(
+    decode_s=0.002, layer_s=[0.001, 0.004, 0.001, 0.001], train_s=0.001, step_s=0.01
+)
+STORED = 100_000.0
+
+
+def test_stages_follow_their_definitions() -> None:
+    times = predict_stage_times(SERVER, CLIENT, STORED, 10, 10 * MBIT, 4)
+    assert [t.split for t in times] == [0, 1, 2, 3, 4]
+    raw, two = times[0], times[2]
+    assert raw.server_s == 0.0
+    assert raw.wire_bytes == STORED * 10
+    assert raw.wire_s == pytest.approx(STORED * 10 / (10 * MBIT))
+    assert raw.client_s == pytest.approx((0.002 + 0.007) * 10 + 0.001 * 10 + 0.01)
+    assert two.server_s == pytest.approx((0.002 + 0.005 + 0.0001) * 10)
+    assert two.client_s == pytest.approx(0.002 * 10 + 0.001 * 10 + 0.01)
+    assert two.iteration_s == max(two.server_s, two.wire_s, two.client_s)
+
+
+def test_load_shares_the_server() -> None:
+    alone = predict_stage_times(SERVER, CLIENT, STORED, 10, 10 * MBIT, 4)
+    shared = predict_stage_times(
+        ServerCosts(SERVER.decode_s, SERVER.layer_s, SERVER.encode_s, SERVER.wire_bytes, load=2),
+        CLIENT,
+        STORED,
+        10,
+        10 * MBIT,
+        4,
+    )
+    for a, b in zip(alone[1:], shared[1:], strict=True):
+        assert b.server_s == pytest.approx(3 * a.server_s)
+
+
+def test_narrow_link_ships_least_and_wide_link_balances_compute() -> None:
+    narrow = choose_split_by_time(SERVER, CLIENT, STORED, 10, 1 * MBIT, 4)
+    assert narrow.split_index == 3  # the fewest bytes: the wire is the slowest stage
+    assert narrow.rule == "time"
+    wide = choose_split_by_time(SERVER, CLIENT, STORED, 10, 10_000 * MBIT, 4)
+    times = {t.split: t.iteration_s for t in wide.predictions}
+    assert times[wide.split_index] <= min(times.values()) * 1.02
+    assert "runner-up" in wide.reason and "predicted fastest" in wide.reason
+
+
+def test_winner_is_the_fastest_prediction_at_every_rate() -> None:
+    for mbit in (0.5, 2, 5, 20, 100, 1000, 10_000):
+        decision = choose_split_by_time(SERVER, CLIENT, STORED, 10, mbit * MBIT, 4)
+        best = min(t.iteration_s for t in decision.predictions)
+        chosen = decision.predictions[decision.split_index]
+        assert chosen.iteration_s <= best * 1.02
+        near = [t for t in decision.predictions if t.iteration_s <= best * 1.02]
+        assert chosen.wire_bytes == min(t.wire_bytes for t in near)
+
+
+def test_costs_must_cover_the_freeze_index() -> None:
+    with pytest.raises(ConfigurationError, match="freeze index 5"):
+        predict_stage_times(SERVER, CLIENT, STORED, 10, MBIT, 5)
+    with pytest.raises(ConfigurationError, match="bandwidth"):
+        predict_stage_times(SERVER, CLIENT, STORED, 10, 0.0, 4)

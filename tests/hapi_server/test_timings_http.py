@@ -1,0 +1,53 @@
+"""``POST /v1/timings`` over real HTTP: measured per-layer costs, cached, and refused like extract."""
+
+from __future__ import annotations
+
+import httpx
+
+from hapi_contract import TimingsResponse
+
+from .conftest import Dataset, ServerProcess
+from .server_helpers import assert_error
+
+SHARD = "shards/shard-000000.tar"
+
+
+def timings(server: ServerProcess, body: object, headers: dict[str, str]) -> httpx.Response:
+    return httpx.post(f"{server.url}/v1/timings", json=body, headers=headers, timeout=120)
+
+
+def test_times_every_layer_and_caches_them(hapi_server: ServerProcess, dataset: Dataset) -> None:
+    body = dataset.request("alexnet", SHARD, 8, samples=4, output_dtype="float32")
+    first = timings(hapi_server, body, dataset.headers())
+    assert first.status_code == 200, first.text
+    got = TimingsResponse.model_validate_json(first.content)
+    assert got.samples == 4 and got.arch == "alexnet" and got.device == "cpu"
+    assert len(got.layer_s_per_sample) == 8
+    assert all(t > 0 for t in got.layer_s_per_sample) and got.decode_s_per_sample > 0
+    # float32 frames: the tensor's own bytes (conv1 of AlexNet at 64 px) and a small header.
+    assert 64 * 15 * 15 * 4 <= got.wire_bytes_per_sample[0] < 64 * 15 * 15 * 4 * 1.05
+    second = TimingsResponse.model_validate_json(
+        timings(hapi_server, body, dataset.headers()).content
+    )
+    assert not got.cached and second.cached
+    assert second.layer_s_per_sample == got.layer_s_per_sample
+    # The wire sizes follow the dtype: float16 halves the tensor bytes.
+    half = TimingsResponse.model_validate_json(
+        timings(hapi_server, {**body, "output_dtype": "float16"}, dataset.headers()).content
+    )
+    assert half.wire_bytes_per_sample[0] < 0.6 * got.wire_bytes_per_sample[0]
+
+
+def test_refused_like_an_extract_request(hapi_server: ServerProcess, dataset: Dataset) -> None:
+    body = dataset.request("alexnet", SHARD, 8)
+    assert_error(
+        timings(hapi_server, {**body, "samples": 0}, dataset.headers()), 422, "invalid_request"
+    )
+    assert_error(
+        timings(hapi_server, {**body, "split_index": 99}, dataset.headers()), 422, "invalid_request"
+    )
+    assert_error(timings(hapi_server, body, {}), 401, "unauthorized")
+    missing = {**body, "shard": "shards/none.tar"}
+    assert timings(hapi_server, missing, dataset.headers()).status_code == 404
+    ok = timings(hapi_server, body, dataset.headers())
+    assert ok.status_code == 200, ok.text

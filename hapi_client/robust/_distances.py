@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._tensors import all_finite, finite_rows
+from ._tensors import all_finite, finite_rows, host_decides
 
 __all__ = ["distances_and_finite", "median_rows", "pairwise_sq_distances", "rank_rows"]
 
 
-def _centred_gram(data: Tensor, ref: int) -> tuple[Tensor, Tensor]:
+def _centred_gram(data: Tensor, ref: int | Tensor) -> tuple[Tensor, Tensor]:
     """``||x_i - x_j||^2`` as ``|c_i|^2 + |c_j|^2 - 2 c_i.c_j`` with ``c = x - x_ref``.
 
     One ``[n, d] @ [d, n]`` product (BLAS) instead of n^2/2 passes over d. Centring on a row
@@ -20,11 +20,13 @@ def _centred_gram(data: Tensor, ref: int) -> tuple[Tensor, Tensor]:
     matmul precision setting: with TF32 enabled (``torch.set_float32_matmul_precision("high")``)
     distances are only good to about 1e-3 relative. The result is exactly symmetric.
 
+    ``ref`` is a row index, or a one-element index tensor on ``data``'s device (no host read).
     Also returns ``|c_i|^2``: it is finite exactly when row i and the reference row are finite
     (and the square did not overflow), which tells the callers, without a pass over the
     ``[n, d]`` inputs, that every row is finite.
     """
-    centred = data - data[ref]
+    centre = data[ref] if isinstance(ref, int) else data.index_select(0, ref)
+    centred = data - centre
     gram = centred @ centred.T
     sq = gram.diagonal()
     dist = sq.unsqueeze(0) + sq.unsqueeze(1) - 2.0 * gram
@@ -35,15 +37,18 @@ def _centred_gram(data: Tensor, ref: int) -> tuple[Tensor, Tensor]:
     return ((dist + dist.T) * 0.5).clamp_min_(0.0), sq
 
 
-def _mark(dist: Tensor, finite: Tensor) -> Tensor:
+def _mark(dist: Tensor, finite: Tensor | None) -> Tensor:
+    """Apply the encoding of :func:`distances_and_finite`; ``finite=None``: every row is finite.
+
+    Masks, not boolean indexing: indexing with a mask asks the device how many rows it selects.
+    """
     big = torch.finfo(dist.dtype).max
     dist = torch.nan_to_num(dist, nan=big, posinf=big)
-    bad = ~finite
-    dist[bad, :] = float("inf")
-    dist[:, bad] = float("inf")
     dist.fill_diagonal_(0.0)
-    idx = torch.nonzero(bad).squeeze(1)
-    dist[idx, idx] = float("inf")
+    if finite is not None:
+        bad = ~finite
+        # Covers the diagonal of a non-finite row too (bad_i | bad_i).
+        dist.masked_fill_(bad.unsqueeze(0) | bad.unsqueeze(1), float("inf"))
     return dist
 
 
@@ -71,38 +76,80 @@ def distances_and_finite(data: Tensor, finite: Tensor | None = None) -> tuple[Te
     rows) -- more than 4 times the central row's (n-1)//2-th nearest squared distance, e.g. a
     1e6 outlier whose size would swamp the honest distances -- it is computed again centred on
     the most central row. A reference within that radius keeps ``|c_i|^2`` of the order of the
-    honest distances, which is all the centring is for, and saves a second pass over the data.
+    honest distances, which is all the centring is for.
 
-    When ``finite`` is not given, the squared norms of the centred rows decide it: all finite
-    means every row is finite, and only otherwise (NaN/Inf inputs, or an overflow) is each row
-    checked, so the usual all-finite call makes no extra pass over ``data``.
+    On the CPU (see :func:`~hapi_client.robust._tensors.host_decides`) the host takes both
+    decisions, which saves work in the usual case: when ``finite`` is not given, the squared
+    norms of the centred rows decide it (all finite means every row is finite; only otherwise,
+    NaN/Inf inputs or an overflow, is each row checked), and the second product is computed
+    only when it is used. On a GPU reading those answers back would stall the call, so the
+    device decides: ``finite`` is one pass over ``data``, both products are computed and
+    ``torch.where`` keeps the right one. Same result either way, and no host read on a GPU.
     """
+    if host_decides(data):
+        return _decided_on_host(data, finite)
+    return _decided_on_device(data, finite)
+
+
+def _decided_on_host(data: Tensor, finite: Tensor | None) -> tuple[Tensor, Tensor]:
     n = data.shape[0]
     if finite is None:
         first, sq = _centred_gram(data, 0)
         if all_finite(sq):
             finite = torch.ones(n, dtype=torch.bool, device=data.device)
-            return _recentred(data, data, 0, _mark(first, finite), finite), finite
+            return _recentred_on_host(data, 0, _mark(first, None), None), finite
         finite = finite_rows(data)
     every_row = bool(finite.all())
+    known_bad = None if every_row else finite
     safe = data if every_row else data.masked_fill(~finite.unsqueeze(1), 0.0)
     ref = int(torch.argmax(finite.to(torch.int8)))
-    dist = _mark(_centred_gram(safe, ref)[0], finite)
-    return _recentred(data, safe, ref, dist, finite), finite
+    dist = _mark(_centred_gram(safe, ref)[0], known_bad)
+    return _recentred_on_host(safe, ref, dist, known_bad), finite
 
 
-def _recentred(data: Tensor, safe: Tensor, ref: int, dist: Tensor, finite: Tensor) -> Tensor:
+def _recentred_on_host(safe: Tensor, ref: int, dist: Tensor, finite: Tensor | None) -> Tensor:
     """``dist`` again centred on the most central row, if ``ref`` is far from it (see above)."""
-    n = data.shape[0]
-    if n <= 2:
+    if safe.shape[0] <= 2:
         return dist
+    central, radius = _most_central(dist, finite)
+    index = int(central)
+    if index == ref or float(dist[ref, index]) <= 4.0 * float(radius):
+        return dist
+    return _mark(_centred_gram(safe, index)[0], finite)
+
+
+def _decided_on_device(data: Tensor, finite: Tensor | None) -> tuple[Tensor, Tensor]:
+    if finite is None:
+        finite = finite_rows(data)
+    # Zeroing the non-finite rows keeps NaN out of the products whatever the BLAS does with it.
+    safe = data.masked_fill(~finite.unsqueeze(1), 0.0)
+    ref = torch.argmax(finite.to(torch.int8)).reshape(1)
+    dist = _mark(_centred_gram(safe, ref)[0], finite)
+    if data.shape[0] <= 2:
+        return dist, finite
+    central, radius = _most_central(dist, finite)
+    far = dist.index_select(0, ref).index_select(1, central) > 4.0 * radius
+    again = _mark(_centred_gram(safe, central)[0], finite)
+    return torch.where(far, again, dist), finite
+
+
+def _most_central(dist: Tensor, finite: Tensor | None) -> tuple[Tensor, Tensor]:
+    """The most central row (a one-element index tensor) and its (n-1)//2-th nearest distance.
+
+    Most central: smallest sum of squared distances to its (n-1)//2 nearest rows, finite rows
+    first, lower index on ties.
+    """
+    n = dist.shape[0]
     others = dist.clone()
     others.fill_diagonal_(float("inf"))
     nearest = torch.topk(others, (n - 1) // 2, dim=1, largest=False).values
-    central = int(rank_rows(nearest.sum(dim=1), (~finite).to(torch.int8))[0])
-    if central == ref or float(dist[ref, central]) <= 4.0 * float(nearest[central, -1]):
-        return dist
-    return _mark(_centred_gram(safe, central)[0], finite)
+    penalty = (
+        torch.zeros(n, dtype=torch.int8, device=dist.device)
+        if finite is None
+        else (~finite).to(torch.int8)
+    )
+    central = rank_rows(nearest.sum(dim=1), penalty)[:1]
+    return central, nearest[:, -1].index_select(0, central)
 
 
 def rank_rows(score: Tensor, penalty: Tensor) -> Tensor:
@@ -125,17 +172,21 @@ def median_rows(data: Tensor) -> Tensor:
     non-finite values per coordinate cannot reach the middle.
     """
     n = data.shape[0]
-    # topk of the lower half (ascending) is faster than torch.median/kthvalue/sort on dim 0.
-    # topk orders NaN above +inf, so NaN only needs mapping to +inf where it reached the middle
-    # (more than floor((n-1)/2) non-finite values in a coordinate): a check on the [d] result
-    # instead of a pass over the [n, d] inputs.
-    lower = torch.topk(data, n // 2 + 1, dim=0, largest=False, sorted=True).values
+    if host_decides(data):
+        # On the CPU topk of the lower half (ascending) is faster than torch.median/kthvalue/
+        # sort on dim 0.
+        lower = torch.topk(data, n // 2 + 1, dim=0, largest=False, sorted=True).values
+    else:
+        # On a GPU topk runs a radix select per column (one thread block for each of the d
+        # columns), while sort sorts each short column in registers: ByzFL's torch.quantile
+        # sorts too, and topk made this median 1.8x slower than ByzFL's on an H100.
+        lower = torch.sort(data, dim=0).values[: n // 2 + 1]
     middle = lower[-1:] if n % 2 == 1 else lower[-2:]
-    if not all_finite(middle):
-        middle = torch.nan_to_num(
-            middle, nan=float("inf"), posinf=float("inf"), neginf=float("-inf")
-        )
+    # topk and sort order NaN above +inf, so NaN only reaches the middle when more than
+    # floor((n-1)/2) values of a coordinate are non-finite; mapping it to +inf there costs one
+    # pass over the [1 or 2, d] middle (it also makes the result a new tensor) and no host read.
+    middle = torch.nan_to_num(middle, nan=float("inf"), posinf=float("inf"), neginf=float("-inf"))
     if n % 2 == 1:
-        return middle[0].clone()
+        return middle[0]
     # Halve first: (a + b) could overflow for values near the dtype's maximum.
     return middle[0] * 0.5 + middle[1] * 0.5

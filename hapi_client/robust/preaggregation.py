@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from ._distances import distances_and_finite
-from ._tensors import Inputs, Matrix, as_matrix
+from ._tensors import Inputs, Matrix, as_matrix, host_decides, to_device
 from .aggregators import Aggregator, check_count
 from .errors import InvalidParameterError, RequirementError
 
@@ -94,14 +94,14 @@ class NearestNeighborMixing(PreAggregator):
         neighbours = torch.argsort(dist, dim=1, stable=True)[:, :k]
         weights = torch.zeros(self.n, self.n, dtype=data.dtype, device=data.device)
         weights.scatter_(1, neighbours, 1.0 / k)
-        all_finite = bool(finite.all())
-        safe = data if all_finite else data.masked_fill(~finite.unsqueeze(1), 0.0)
-        mixed = weights @ safe
-        if not all_finite:
-            tainted = (weights > 0)[:, ~finite].any(dim=1)
-            mixed[tainted] = float("nan")
-            mixed[~finite] = data[~finite]
-        return mixed
+        if host_decides(data) and bool(finite.all()):
+            return weights @ data
+        # Masks, not boolean indexing, so that on a GPU nothing is read back to the host.
+        bad = ~finite
+        mixed = weights @ data.masked_fill(bad.unsqueeze(1), 0.0)
+        tainted = ((weights > 0) & bad.unsqueeze(0)).any(dim=1)
+        mixed.masked_fill_(tainted.unsqueeze(1), float("nan"))
+        return torch.where(finite.unsqueeze(1), mixed, data)
 
 
 class Bucketing(PreAggregator):
@@ -132,7 +132,7 @@ class Bucketing(PreAggregator):
 
     def _transform(self, data: Tensor) -> Tensor:
         # Drawn on the CPU so a seed gives the same buckets on every device.
-        perm = torch.randperm(self.n, generator=self._generator).to(data.device)
+        perm = to_device(torch.randperm(self.n, generator=self._generator), data.device)
         full, rest = divmod(self.n, self.s)
         out = torch.empty(self.output_count, data.shape[1], dtype=data.dtype, device=data.device)
         # One gather of the permuted rows and one mean over the full buckets, written in place.

@@ -134,7 +134,8 @@ class _MallInfo2(ctypes.Structure):
 
 
 def _glibc_mallinfo2() -> Callable[[], int] | None:
-    """glibc's free bytes held in its arenas (``mallinfo2().fordblks``); None off glibc >= 2.33."""
+    """The bytes glibc's malloc has handed out and not yet got back (``mallinfo2()``: in use in
+    its arenas plus its mmap'd blocks); None off glibc >= 2.33."""
     try:
         libc = ctypes.CDLL(None)
         fn = libc.mallinfo2
@@ -142,7 +143,12 @@ def _glibc_mallinfo2() -> Callable[[], int] | None:
         return None
     fn.restype = _MallInfo2
     fn.argtypes = []
-    return lambda: int(fn().fordblks)
+
+    def in_use() -> int:
+        info = fn()
+        return int(info.uordblks + info.hblkhd)
+
+    return in_use
 
 
 def _read_status() -> dict[str, int]:
@@ -166,31 +172,36 @@ ProbeKey = tuple[str, int, tuple[int, ...]]
 class HostMemoryProbe:
     """Measures the host memory a batch takes, when nothing else in the process could disturb it.
 
-    A CPU has no per-request allocator statistics, and the process's resident high-water mark
-    (``VmHWM``) is shared by every thread, so a batch's peak is measured only when its request
-    is the only one admitted in the whole process (all devices: a GPU request decodes on the
-    host too) from the batch's start to its end. The schedulers report every admission and
-    release here; any of them during the batch voids the reading. Admitted requests cover model
-    loads, fine-tuning and streaming, so what can still move memory meanwhile is the event
-    loop's reading of new shards (more memory: the reading is only higher, so safer) and the
-    freeing of a finished request's shard (bounded by one object; the estimator's margin and
-    floor cover it).
+    A CPU has no per-request allocator statistics, and the process's memory figures are shared
+    by every thread, so a batch is measured only when its request is the only one admitted in
+    the whole process (all devices: a GPU request decodes on the host too) from the batch's
+    start to its end. The schedulers report every admission and release here; any of them
+    during the batch voids the reading. Admitted requests cover model loads, fine-tuning and
+    streaming, so what can still move memory meanwhile is the event loop reading new shards
+    (more memory: the reading is only higher, so safer) and freeing a finished request's shard
+    (at most one object; the estimator's margin and floor cover it).
 
-    The reading is ``VmHWM - VmRSS`` over the batch (``VmHWM`` is reset to ``VmRSS`` at its
-    start) plus the bytes glibc held free at the start: the batch may reuse those without the
-    RSS growing, so the reading is an upper bound of what it needed however the allocator
-    retains memory (without glibc's ``mallinfo2`` there is no such bound and nothing is measured).
-    Resetting ``VmHWM`` disturbs anyone else reading it (a benchmark's peak), so only the first
-    ``calibration_batches`` clean readings of each head are taken, one per request, and batches
-    whose input is under ``min_input_bytes`` are skipped: page granularity and the allocator's
-    fixed costs would dominate a small one.
+    The reading is the larger of two growths over the batch, per sample:
+
+    * resident memory: ``VmHWM - VmRSS`` (``VmHWM`` reset to ``VmRSS`` at the start), which sees
+      every transient, inside an operator too, but not memory the allocator already held free
+      and handed out again;
+    * malloc's bytes in use (``mallinfo2``), sampled after every leaf module of ``module`` and at
+      the end, which sees that reuse (glibc's default, adaptive mmap threshold keeps freed
+      blocks of a previous batch in its heap) at layer boundaries.
+
+    Without glibc's ``mallinfo2`` the reuse cannot be seen and nothing is measured. Resetting
+    ``VmHWM`` disturbs anyone else reading it (a benchmark's peak), so only the first
+    ``calibration_batches`` clean readings of each head are taken (the engine takes one per
+    request), and batches whose input is under ``min_input_bytes`` are skipped: page granularity
+    and the allocator's fixed costs would dominate a small one.
     """
 
     calibration_batches: int = 4
     min_input_bytes: int = 16 * 2**20
     read_status: Callable[[], dict[str, int]] = _read_status
     reset_peak: Callable[[], None] = _reset_peak
-    free_heap_bytes: Callable[[], int] | None = field(default_factory=_glibc_mallinfo2)
+    heap_in_use: Callable[[], int] | None = field(default_factory=_glibc_mallinfo2)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _admitted: int = field(default=0, init=False)
     _events: int = field(default=0, init=False)
@@ -216,7 +227,7 @@ class HostMemoryProbe:
         with self._lock:
             return (
                 not self._disabled
-                and self.free_heap_bytes is not None
+                and self.heap_in_use is not None
                 and not self._measuring
                 and self._admitted == 1
                 and input_bytes >= self.min_input_bytes
@@ -224,40 +235,58 @@ class HostMemoryProbe:
             )
 
     @contextmanager
-    def measure(self, key: ProbeKey, samples: int, input_bytes: int) -> Iterator[ProbeReading]:
+    def measure(
+        self,
+        key: ProbeKey,
+        samples: int,
+        input_bytes: int,
+        module: torch.nn.Module | None = None,
+    ) -> Iterator[ProbeReading]:
         """Measure the body's peak host memory per sample into the yielded reading, if it can
         be measured cleanly (``reading.bytes_per_sample`` stays None otherwise)."""
         reading = ProbeReading()
         if samples <= 0 or not self.wants(key, input_bytes):
             yield reading
             return
-        assert self.free_heap_bytes is not None
+        heap_in_use = self.heap_in_use
+        assert heap_in_use is not None
         with self._lock:
             self._measuring = True
             events = self._events
+        hooks = []
         try:
-            start = self._start()
+            start = self._start(heap_in_use)
             reading.reset = start is not None
+            if start is not None and module is not None:
+
+                def sample(*_: object) -> None:
+                    reading.heap_peak = max(reading.heap_peak, heap_in_use())
+
+                leaves = [m for m in module.modules() if next(m.children(), None) is None]
+                hooks = [m.register_forward_hook(sample) for m in leaves]
             yield reading
             if start is None:
                 return
-            base, free = start
-            peak = self.read_status()["VmHWM"]
+            rss, heap = start
+            hwm = self.read_status()["VmHWM"]
+            reading.heap_peak = max(reading.heap_peak, heap_in_use())
             with self._lock:
                 if self._events != events or self._admitted != 1:
                     return  # another request came or went: the reading is not this batch's
                 self._clean[key] = self._clean.get(key, 0) + 1
-            reading.bytes_per_sample = (max(0, peak - base) + free) / samples
+            grown = max(hwm - rss, reading.heap_peak - heap, 0)
+            reading.bytes_per_sample = grown / samples
         finally:
+            for hook in hooks:
+                hook.remove()
             with self._lock:
                 self._measuring = False
 
-    def _start(self) -> tuple[int, int] | None:
-        """Reset the high-water mark; the resident and the allocator's free bytes now."""
-        assert self.free_heap_bytes is not None
+    def _start(self, heap_in_use: Callable[[], int]) -> tuple[int, int] | None:
+        """Reset the high-water mark; the resident bytes and malloc's bytes in use now."""
         try:
             self.reset_peak()
-            return self.read_status()["VmRSS"], self.free_heap_bytes()
+            return self.read_status()["VmRSS"], heap_in_use()
         except (OSError, KeyError, ValueError) as exc:
             # No /proc (not Linux) or no right to reset it: measure nothing from now on.
             log.info("host memory of batches is not measured: %r", exc)
@@ -272,6 +301,8 @@ class ProbeReading:
     """The body's peak per sample; None when it could not be measured cleanly."""
     reset: bool = False
     """Whether ``VmHWM`` was reset for it."""
+    heap_peak: int = 0
+    """The most bytes malloc had in use at a sample."""
 
 
 HOST_MEMORY = HostMemoryProbe()

@@ -142,7 +142,7 @@ def run_extraction(
         # One host reading per request at most: the estimator counts readings per request.
         measured = stats.peak_bytes_per_sample is not None
         probe_samples = 0 if job.device.is_cuda or measured else done
-        with HOST_MEMORY.measure(key, probe_samples, done * sample_bytes) as reading:
+        with HOST_MEMORY.measure(key, probe_samples, done * sample_bytes, head) as reading:
             frame = run_batch(
                 head,
                 job.transform,

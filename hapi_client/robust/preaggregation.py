@@ -28,7 +28,15 @@ import torch
 from torch import Tensor
 
 from ._distances import distances_and_finite
-from ._tensors import Inputs, Matrix, as_matrix, host_decides, to_device
+from ._tensors import (
+    Inputs,
+    Matrix,
+    as_matrix,
+    check_inputs,
+    host_decides,
+    stack_checked,
+    to_device,
+)
 from .aggregators import Aggregator, check_count
 from .errors import InvalidParameterError, RequirementError
 
@@ -130,13 +138,32 @@ class Bucketing(PreAggregator):
     def output_count(self) -> int:
         return math.ceil(self.n / self.s)
 
-    def _transform(self, data: Tensor) -> Tensor:
+    @torch.no_grad()
+    def __call__(self, inputs: Inputs) -> Tensor:
+        """Shuffle ``n`` inputs into buckets; returns the ``[output_count, *shape]`` means."""
+        if isinstance(inputs, Tensor):
+            return super().__call__(inputs)
+        # A list is stacked in the permuted order: no second copy to shuffle the stack, and on
+        # a GPU no permutation to copy to the device.
+        items = check_inputs(inputs, self.n)
+        order = self._permutation().tolist()
+        matrix = stack_checked([items[i] for i in order])
+        return matrix.restore_stack(self._bucket_means(matrix.data))
+
+    def _permutation(self) -> Tensor:
         # Drawn on the CPU so a seed gives the same buckets on every device.
-        perm = to_device(torch.randperm(self.n, generator=self._generator), data.device)
+        return torch.randperm(self.n, generator=self._generator)
+
+    def _transform(self, data: Tensor) -> Tensor:
+        shuffled = data.index_select(0, to_device(self._permutation(), data.device))
+        return self._bucket_means(shuffled)
+
+    def _bucket_means(self, shuffled: Tensor) -> Tensor:
+        """Means of consecutive groups of ``s`` rows (the last group may be shorter)."""
         full, rest = divmod(self.n, self.s)
-        out = torch.empty(self.output_count, data.shape[1], dtype=data.dtype, device=data.device)
-        # One gather of the permuted rows and one mean over the full buckets, written in place.
-        shuffled = data.index_select(0, perm)
+        out = torch.empty(
+            self.output_count, shuffled.shape[1], dtype=shuffled.dtype, device=shuffled.device
+        )
         torch.mean(shuffled[: full * self.s].view(full, self.s, -1), dim=1, out=out[:full])
         if rest:
             torch.mean(shuffled[full * self.s :], dim=0, out=out[full])

@@ -11,7 +11,13 @@ from typing import Any, Literal
 import hapi_models
 
 from hapi_client import FinetuneResult, RetryPolicy, StoredModel
-from hapi_contract import DatasetManifest, ExtractRequest, TransformSpec
+from hapi_contract import (
+    DEFAULT_COMPRESSION,
+    DEFAULT_OUTPUT_DTYPE,
+    DatasetManifest,
+    ExtractRequest,
+    TransformSpec,
+)
 
 from .data import MODELS_CONTAINER
 from .errors import BenchError
@@ -46,6 +52,9 @@ class RunSpec:
     seed: int = 0
     optimizer: Any = None
     via: Literal["hapi", "swift"] = "hapi"
+    output_dtype: str = DEFAULT_OUTPUT_DTYPE.value
+    """Features on the wire (``hapi_bench.wire_dtypes`` measured the choices)."""
+    compression: str = DEFAULT_COMPRESSION.value
 
 
 def warm_server(
@@ -137,6 +146,8 @@ def measured_finetune(
                 cache_features=spec.cache_features,
                 progress=spec.progress,
                 optimizer=spec.optimizer,
+                output_dtype=spec.output_dtype,
+                compression=spec.compression,
             )
         ended = time.perf_counter()
     finally:
@@ -165,6 +176,8 @@ def measured_finetune(
         "freeze_index": result.freeze_index,
         "split_index": first.split_index,
         "split_reason": split.reason if split else None,
+        "output_dtype": spec.output_dtype,
+        "compression": spec.compression,
         "bandwidth_estimate_mbit": None
         if first.bandwidth_mbit_s is None
         else round(first.bandwidth_mbit_s, 2),

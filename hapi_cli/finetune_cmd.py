@@ -6,6 +6,8 @@ import argparse
 import os
 from pathlib import Path
 
+from hapi_contract import DEFAULT_COMPRESSION, DEFAULT_OUTPUT_DTYPE
+
 from . import workers
 from .choices import DEFAULT_AUTH_URL, DEFAULT_ENDPOINT, DEFAULT_RETRY_BUDGET_S, MODES
 from .tables import format_table
@@ -117,8 +119,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--image-size", type=int, help="crop size (default: the model's, 224)")
-    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
-    p.add_argument("--compression", choices=("none", "zstd"), default="none")
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "float16", "bfloat16"),
+        default=DEFAULT_OUTPUT_DTYPE.value,
+        help="features on the wire (default: %(default)s; float32 to match a local computation)",
+    )
+    p.add_argument("--compression", choices=("none", "zstd"), default=DEFAULT_COMPRESSION.value)
     p.add_argument("--no-cache", action="store_true", help="re-extract features every epoch")
     p.add_argument("--bandwidth-mbit", type=float, help="override the measured bandwidth")
     p.add_argument(

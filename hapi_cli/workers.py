@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hapi_contract import DEFAULT_COMPRESSION, DEFAULT_OUTPUT_DTYPE
+
 from .choices import AGGREGATORS, ATTACKS, DEFAULT_AUTH_URL, DEFAULT_ENDPOINT
 from .tables import format_table
 
@@ -133,8 +135,8 @@ def config_from_args(args: argparse.Namespace) -> DistributedConfig:
         momentum=float(_opt(args, "momentum", 0.9)),
         weight_decay=float(_opt(args, "weight_decay", 0.0)),
         seed=int(_opt(args, "seed", 0)),
-        output_dtype=_opt(args, "dtype", "float32"),
-        compression=_opt(args, "compression", "none"),
+        output_dtype=_opt(args, "dtype", DEFAULT_OUTPUT_DTYPE.value),
+        compression=_opt(args, "compression", DEFAULT_COMPRESSION.value),
         cache_features=not _opt(args, "no_cache", False),
         image_size=_opt(args, "image_size"),
         device=_device(_opt(args, "device", "auto")),

@@ -31,7 +31,13 @@ import torch
 from torch import nn
 from torch.utils.data import IterableDataset, get_worker_info
 
-from hapi_contract import Compression, DatasetManifest, OutputDtype
+from hapi_contract import (
+    DEFAULT_COMPRESSION,
+    DEFAULT_OUTPUT_DTYPE,
+    Compression,
+    DatasetManifest,
+    OutputDtype,
+)
 
 from .errors import ConfigurationError
 from .feature_cache import FeatureCache
@@ -146,8 +152,8 @@ class FeatureDataset(IterableDataset[Batch]):
         shuffle: bool = True,
         rank: int | None = None,
         world_size: int | None = None,
-        output_dtype: str | OutputDtype = OutputDtype.FLOAT32,
-        compression: str | Compression = Compression.NONE,
+        output_dtype: str | OutputDtype = DEFAULT_OUTPUT_DTYPE,
+        compression: str | Compression = DEFAULT_COMPRESSION,
         b_max: int | None = None,
         cache_features: bool = True,
         prefetch: int | None = None,

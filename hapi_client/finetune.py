@@ -22,7 +22,15 @@ import hapi_models
 import torch
 from tqdm import tqdm
 
-from hapi_contract import FinetuneRequest, OptimizerSpec, TransformSpec
+from hapi_contract import (
+    DEFAULT_COMPRESSION,
+    DEFAULT_OUTPUT_DTYPE,
+    Compression,
+    FinetuneRequest,
+    OptimizerSpec,
+    OutputDtype,
+    TransformSpec,
+)
 
 from .errors import ConfigurationError
 from .feature_dataset import FeatureDataset, LocalModel
@@ -94,8 +102,8 @@ def run_finetune(
     mode: Mode = "hapi",
     split: SplitChoice = "auto",
     seed: int = 0,
-    output_dtype: str = "float32",
-    compression: str = "none",
+    output_dtype: str | OutputDtype = DEFAULT_OUTPUT_DTYPE,
+    compression: str | Compression = DEFAULT_COMPRESSION,
     b_max: int | None = None,
     cache_features: bool = True,
     transform: hapi_models.InputTransform | None = None,

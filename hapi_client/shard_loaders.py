@@ -17,6 +17,8 @@ import hapi_models
 import torch
 
 from hapi_contract import (
+    DEFAULT_COMPRESSION,
+    DEFAULT_OUTPUT_DTYPE,
     Compression,
     DatasetManifest,
     ExtractRequest,
@@ -190,8 +192,8 @@ def make_shard_loader(
     stored: StoredModel | None = None,
     profile_spec: ProfileSpec | None = None,
     b_max: int = 1000,
-    output_dtype: OutputDtype = OutputDtype.FLOAT32,
-    compression: Compression = Compression.NONE,
+    output_dtype: OutputDtype = DEFAULT_OUTPUT_DTYPE,
+    compression: Compression = DEFAULT_COMPRESSION,
     cache: FeatureCache | None = None,
     verifier: PushdownVerifier | None = None,
 ) -> ShardLoader:

@@ -16,6 +16,8 @@ from typing import Any
 
 import hapi_models
 
+from hapi_contract import DEFAULT_COMPRESSION, DEFAULT_OUTPUT_DTYPE
+
 from ..client import DEFAULT_ENDPOINT
 from ..robust import RobustAggregationError, get_aggregator, get_attack
 from .errors import DistributedConfigError
@@ -61,8 +63,8 @@ class DistributedConfig:
     momentum: float = 0.9
     weight_decay: float = 0.0
     seed: int = 0
-    output_dtype: str = "float32"
-    compression: str = "none"
+    output_dtype: str = DEFAULT_OUTPUT_DTYPE.value
+    compression: str = DEFAULT_COMPRESSION.value
     b_max: int | None = None
     cache_features: bool = True
     image_size: int | None = None

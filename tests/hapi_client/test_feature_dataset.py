@@ -148,7 +148,7 @@ def test_verification_passes_honest_features_and_catches_altered_ones(
 ) -> None:
     client = client_env_server_client
     honest = _dataset(client_env, client, verify_fraction=1.0, cache_features=False)
-    for dtype in ("float32", "float16"):
+    for dtype in ("float32", "float16", "bfloat16"):
         honest = _dataset(
             client_env, client, verify_fraction=1.0, cache_features=False, output_dtype=dtype
         )

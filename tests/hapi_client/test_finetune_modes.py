@@ -46,7 +46,9 @@ def _run(env: ClientEnv, mode: str, **kw: object) -> object:
 
 
 def test_hapi_equals_baseline(client_env: ClientEnv) -> None:
-    hapi = _run(client_env, "hapi")
+    # float32 features: equal to BASELINE's local ones up to summation order (the 16-bit
+    # default rounds them; its accuracy is benchmark hapi_bench.wire_dtypes' business).
+    hapi = _run(client_env, "hapi", output_dtype="float32")
     base = _run(client_env, "baseline")
     n = _manifest(client_env).num_samples
     assert hapi.history[0].samples == base.history[0].samples == n

@@ -18,6 +18,8 @@ from hapi_contract import (
     API_PREFIX,
     CONTAINER_NAME_PATTERN,
     CONTENT_TYPE_FRAMES,
+    DEFAULT_COMPRESSION,
+    DEFAULT_OUTPUT_DTYPE,
     HEADER_AUTH_TOKEN,
     HEADER_STORAGE_URL,
     OBJECT_NAME_PATTERN,
@@ -61,7 +63,7 @@ EXTRACT = {
     "b_max": 200,
     "profile": PROFILE,
     "output_dtype": "float16",
-    "compression": "zstd",
+    "compression": "none",
     "request_id": "run-1:shard-0",
 }
 FINETUNE = {
@@ -111,8 +113,9 @@ def test_constants() -> None:
 
 def test_extract_request_accepts_good_input_and_round_trips_json() -> None:
     req = ExtractRequest.model_validate(EXTRACT)
+    # Not the defaults (bfloat16, zstd): what the request names is what it gets.
     assert req.output_dtype is OutputDtype.FLOAT16
-    assert req.compression is Compression.ZSTD
+    assert req.compression is Compression.NONE
     assert req.transform.mean == (0.485, 0.456, 0.406)
     assert req.model.weights is not None and req.model.weights.sha256 == SHA
     assert req.profile is not None and req.profile.num_layers == 3
@@ -130,8 +133,8 @@ def test_extract_request_defaults() -> None:
     }
     data["model"] = {"arch": "resnet18", "num_classes": 1000}
     req = ExtractRequest.model_validate(data)
-    assert req.output_dtype is OutputDtype.FLOAT32
-    assert req.compression is Compression.NONE
+    assert req.output_dtype is DEFAULT_OUTPUT_DTYPE
+    assert req.compression is DEFAULT_COMPRESSION
     assert req.profile is None and req.request_id is None and req.model.weights is None
     assert TransformSpec.model_validate(TRANSFORM).grayscale_to_rgb is True
 

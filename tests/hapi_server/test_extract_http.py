@@ -41,7 +41,8 @@ def test_features_equal_local_head(
     arch: str, split: int, hapi_server: ServerProcess, dataset: Dataset, swift_stack: RunningStack
 ) -> None:
     shard = "shards/shard-000000.tar"
-    frames, end, headers = fetch(hapi_server, dataset, dataset.request(arch, shard, split))
+    body = dataset.request(arch, shard, split, output_dtype="float32", compression="none")
+    frames, end, headers = fetch(hapi_server, dataset, body)
     images, labels = dataset.shards[shard]
     model = local_model(dataset, swift_stack, arch)
     transform = hapi_models.InputTransform(resize=SIDE, crop=SIDE)

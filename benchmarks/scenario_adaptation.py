@@ -11,10 +11,18 @@ a CUDA allocation would. The budget is 6.5 times the measured peak of one full r
 six fit and seven do not, as in the thesis. With BA on, the server plans against the same budget
 (its ``cpu_memory_budget_bytes``, plus the resident weights; no framework reserve).
 
+Each server first serves ``CALIBRATION`` lone requests: a CPU server measures the peak host memory
+of a batch whose request runs alone and corrects its per-sample estimate from those readings
+(:class:`hapi_server.devices.HostMemoryProbe`), as a GPU server does from CUDA's statistics. The
+probe resets the server's ``VmHWM`` for those readings only, so every point's requests report
+how many resets they made (``vmhwm_resets`` of the end frame; 0 means the point's peak is whole).
+
 Per point (k parallel requests of one shard each, AlexNet up to its freeze index, b_max = the
 shard): completed requests, out-of-memory failures, the server's peak resident memory above idle
-(``VmHWM``, reset through ``/proc/PID/clear_refs``), the share of requests whose COS batch was cut
-and the average cut, and the solver's decision time (from the server's metrics).
+(``VmHWM``, reset through ``/proc/PID/clear_refs``) and its peak ``VmData`` above idle (polled:
+the unit the budget is enforced in; a block counts there from its allocation, in the RSS only
+once written), each as a share of the budget, the share of requests whose COS batch was cut and
+the average cut, and the solver's decision time (from the server's metrics).
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from hapi_client import StoredModel
 from hapi_contract import API_PREFIX, ExtractRequest, FrameError, RemoteStreamError, TransformSpec
 from hapi_contract.frames import FrameDecoder
 
-from .data import ensure_dataset, ensure_models, photos_spec
+from .data import DatasetReady, ensure_dataset, ensure_models, photos_spec
 from .errors import ScenarioError
 from .plots import plot_adaptation
 from .results import ResultSet
@@ -50,6 +58,7 @@ log = logging.getLogger(__name__)
 ARCH = "alexnet"
 SHARD = 100
 HEADROOM = 6.5  # full requests that fit in the budget (the thesis saw 6 fit, 7 not)
+CALIBRATION = 5  # lone requests before the points: over the server's 4 readings per head
 _MALLOC_ENV = {
     # Fixed thresholds: blocks above 128 KiB are mmap'd and unmapped on free, so the data limit
     # tracks what requests hold now, not what the allocator kept from earlier ones.
@@ -67,6 +76,8 @@ class Outcome:
     detail: str = ""
     cos_batch_sizes: list[int] = field(default_factory=list)
     planned_batch: int | None = None
+    vmhwm_resets: int = 0
+    """Times the server's memory probe reset ``VmHWM`` while serving this request."""
 
     @property
     def ok(self) -> bool:
@@ -105,8 +116,19 @@ def _post(url: str, body: dict[str, Any], headers: dict[str, str]) -> Outcome:
         return Outcome(exc.status, exc.detail, planned_batch=int(planned) if planned else None)
     except (httpx.HTTPError, FrameError) as exc:
         return Outcome(0, f"{type(exc).__name__}: {exc}")
-    sizes = list((end.meta or {}).get("cos_batch_sizes", []))
-    return Outcome(200, "", sizes, int(planned) if planned else None)
+    meta = end.meta or {}
+    sizes = list(meta.get("cos_batch_sizes", []))
+    resets = int(meta.get("vmhwm_resets", 0))
+    return Outcome(200, "", sizes, int(planned) if planned else None, resets)
+
+
+def _server_metric(hapi_url: str, name: str) -> float | None:
+    text = httpx.get(f"{hapi_url}/metrics", timeout=30).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return float(sample.value)
+    return None
 
 
 def _decision_totals(hapi_url: str) -> tuple[float, float]:
@@ -163,6 +185,23 @@ def _weights_bytes(arch: str) -> int:
     return sum(p.numel() * p.element_size() for p in [*model.parameters(), *model.buffers()])
 
 
+def _calibrate(requester: _Requester, testbed: Testbed) -> dict[str, Any]:
+    """Lone requests until the server's probe has its readings of the head (one per request);
+    the planned COS batch and the measured peak of the last one."""
+    outcomes = [requester.fire(1)[0] for _ in range(CALIBRATION)]
+    failed = [o for o in outcomes if not o.ok]
+    if failed:
+        raise ScenarioError(f"calibration request failed: {failed[0].status} {failed[0].detail}")
+    if outcomes[-1].vmhwm_resets:
+        raise ScenarioError("the server still measures after the calibration requests")
+    peak = _server_metric(testbed.stack.hapi_url, "hapi_measured_peak_memory_bytes")
+    return {
+        "readings": sum(o.vmhwm_resets for o in outcomes),
+        "measured_peak_bytes": peak,
+        "planned_batch": outcomes[-1].planned_batch,
+    }
+
+
 def _measure_one(requester: _Requester, pid: int) -> int:
     """Peak resident bytes above idle of one full request, on an unlimited server."""
     idle = _status_field(pid, "VmRSS")
@@ -173,14 +212,48 @@ def _measure_one(requester: _Requester, pid: int) -> int:
     return _status_field(pid, "VmHWM") - idle
 
 
+class _DataPeak:
+    """The server's peak ``VmData`` (what RLIMIT_DATA limits), polled every ``interval_s``.
+
+    The kernel keeps no high-water mark of ``VmData``, so it is polled; a request's blocks live
+    for hundreds of milliseconds (a decoded batch, a layer's output), far longer than the
+    interval, so the peak is seen within the allocations made between two polls.
+    """
+
+    def __init__(self, pid: int, interval_s: float = 0.002) -> None:
+        self.pid = pid
+        self.interval_s = interval_s
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="vmdata-poll", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.peak = max(self.peak, _status_field(self.pid, "VmData"))
+            except (OSError, ScenarioError):
+                return  # the server is gone
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> _DataPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def _point(
     requester: _Requester, testbed: Testbed, pid: int, k: int, adaptive: bool
 ) -> dict[str, Any]:
     idle = _status_field(pid, "VmRSS")
+    idle_data = _status_field(pid, "VmData")
     _reset_peak(pid)
     before = _decision_totals(testbed.stack.hapi_url)
     started = time.perf_counter()
-    outcomes = requester.fire(k)
+    with _DataPeak(pid) as data_peak:
+        outcomes = requester.fire(k)
     seconds = time.perf_counter() - started
     alive = Path(f"/proc/{pid}").exists()
     peak = _status_field(pid, "VmHWM") - idle if alive else None
@@ -201,6 +274,8 @@ def _point(
         "failure_details": sorted({f"{o.status}: {o.detail[:160]}" for o in outcomes if not o.ok}),
         "server_alive": alive,
         "peak_memory_bytes": peak,
+        "peak_data_bytes": max(0, data_peak.peak - idle_data) if alive else None,
+        "vmhwm_resets": sum(o.vmhwm_resets for o in outcomes),
         "cut_share_pct": round(100 * len(cuts) / len(done), 2) if done else None,
         "avg_cut_pct": round(100 * statistics.fmean(cuts), 2) if cuts else 0.0,
         "cos_batches": sorted(max(o.cos_batch_sizes) for o in done if o.cos_batch_sizes),
@@ -227,6 +302,29 @@ def _start(testbed: Testbed, adaptive: bool, budget: int | None, weights: int) -
     return pid
 
 
+def _share(nbytes: int | None, budget: int) -> float | None:
+    return None if nbytes is None else round(100 * nbytes / budget, 1)
+
+
+def _limited_server(
+    testbed: Testbed,
+    adaptive: bool,
+    budget: int,
+    weights: int,
+    stored: StoredModel,
+    data: DatasetReady,
+    shard: str,
+) -> tuple[int, _Requester, dict[str, Any]]:
+    """A fresh server, warmed up and calibrated, then held to ``budget`` with RLIMIT_DATA."""
+    pid = _start(testbed, adaptive, budget, weights)
+    requester = _Requester(testbed, stored, data.container, shard)
+    requester.fire(8, split_index=1)
+    calibration = _calibrate(requester, testbed)
+    limit = _status_field(pid, "VmData") + budget
+    resource.prlimit(pid, resource.RLIMIT_DATA, (limit, limit))
+    return pid, requester, calibration
+
+
 def run_adaptation(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
     """The ``adaptation`` scenario; writes ``adaptation.json``, ``adaptation.csv``, ``adaptation.png``."""
     counts = (1, 4, 6, 7, 8) if quick else (1, 2, 3, 4, 5, 6, 7, 8)
@@ -244,6 +342,7 @@ def run_adaptation(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
     shard = data.manifest.shards[0].name
     requester = _Requester(testbed, stored, data.container, shard)
     requester.fire(8, split_index=1)  # loads the weights and starts every worker thread
+    _calibrate(requester, testbed)  # so that the server's probe leaves VmHWM alone from now on
     one = _measure_one(requester, pid)
     budget = int(HEADROOM * one)
     print(
@@ -271,21 +370,20 @@ def run_adaptation(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
             "stored_bytes_per_sample": data.manifest.mean_shard_bytes_per_sample,
         },
     )
+    calibrations: dict[str, Any] = {}
     for adaptive in (True, False):
-        pid = _start(testbed, adaptive, budget, weights)
-        requester = _Requester(testbed, stored, data.container, shard)
-        requester.fire(8, split_index=1)
-        limit = _status_field(pid, "VmData") + budget
-        resource.prlimit(pid, resource.RLIMIT_DATA, (limit, limit))
+        pid, requester, calibration = _limited_server(
+            testbed, adaptive, budget, weights, stored, data, shard
+        )
+        calibrations["on" if adaptive else "off"] = calibration
+        print(
+            f"[adaptation] BA {'on ' if adaptive else 'off'} calibration: {calibration}", flush=True
+        )
         for k in counts:
-            if not Path(f"/proc/{pid}").exists():
-                pid = _start(
-                    testbed, adaptive, budget, weights
-                )  # an OOM took the whole server down
-                requester = _Requester(testbed, stored, data.container, shard)
-                requester.fire(8, split_index=1)
-                limit = _status_field(pid, "VmData") + budget
-                resource.prlimit(pid, resource.RLIMIT_DATA, (limit, limit))
+            if not Path(f"/proc/{pid}").exists():  # an OOM took the whole server down
+                pid, requester, _ = _limited_server(
+                    testbed, adaptive, budget, weights, stored, data, shard
+                )
             row = _point(requester, testbed, pid, k, adaptive)
             row.update(
                 model=ARCH,
@@ -294,15 +392,20 @@ def run_adaptation(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
                 stored_bytes_per_sample=round(data.manifest.mean_shard_bytes_per_sample, 1),
                 rate_target_mbit=None,
                 budget_bytes=budget,
+                peak_share_pct=_share(row["peak_memory_bytes"], budget),
+                data_share_pct=_share(row["peak_data_bytes"], budget),
             )
             results.add(row)
             results.write(Path(out_dir))
             print(
                 f"[adaptation] BA {'on ' if adaptive else 'off'} {k} requests: {row['completed']} completed, "
-                f"{row['oom_failures']} OOM, peak {(row['peak_memory_bytes'] or 0) / 2**20:.0f} MiB, "
-                f"{row['cut_share_pct']}% cut by {row['avg_cut_pct']}%",
+                f"{row['oom_failures']} OOM, peak {(row['peak_memory_bytes'] or 0) / 2**20:.0f} MiB "
+                f"({row['peak_share_pct']}% of the budget; VmData {row['data_share_pct']}%), "
+                f"{row['cut_share_pct']}% cut by "
+                f"{row['avg_cut_pct']}%, batches {row['cos_batches']}, VmHWM resets {row['vmhwm_resets']}",
                 flush=True,
             )
+    results.meta["calibration"] = calibrations
     testbed.stop_stack()
     out = Path(out_dir)
     paths = results.write(out) + plot_adaptation(results, out)

@@ -51,7 +51,7 @@ def test_cpu_estimate_goes_down_only_after_min_samples_to_the_largest_plus_margi
 
 def test_a_reading_above_the_estimate_raises_it_at_once() -> None:
     base = profile_bytes()
-    est = MemoryEstimator(margin=0.05)
+    est = MemoryEstimator(margin=0.05, window=5)
     assert observe(est, 1.5 * base) == pytest.approx(1.5 * 1.05 * base, rel=1e-6)
     # ... and it stays the largest of the window: a lower reading later does not undo it.
     for _ in range(4):
@@ -259,9 +259,9 @@ def test_the_real_probe_reads_a_touched_allocation() -> None:
         block = torch.ones(64 * MiB // 4)  # 64 MiB, every page written
         del block
     assert reading.bytes_per_sample is not None
-    # The block, and at most a few MiB more for pages touched around it (interpreter,
-    # allocator metadata).
-    assert 64 * MiB <= reading.bytes_per_sample <= 64 * MiB + 8 * MiB
+    # The block, within what else the process touched (interpreter, allocator metadata: a few
+    # MiB more) or gave back meanwhile (glibc trimming its heap: seen 0.12 MiB less).
+    assert 63 * MiB <= reading.bytes_per_sample <= 64 * MiB + 8 * MiB
 
 
 def test_the_engine_measures_a_lone_cpu_request_once_and_the_estimate_follows() -> None:

@@ -1,20 +1,22 @@
-"""The ``hapi demo`` job: HAPI vs BASELINE fine-tuning EfficientNet-Lite0 over a 100 Mbit/s link.
+"""The ``hapi demo`` job: HAPI vs BASELINE fine-tuning EfficientNet-Lite0 where the network is the bottleneck.
 
 Brings up Swift + the HAPI server on the server cores, uploads the ImageNet-sized photos (a train
 and a held-out test container) and the packaged ImageNet weights of EfficientNet-Lite0 (all reused
-on a second run), limits the client's link to the rate, then fine-tunes the same model on the same
-data twice: through HAPI with the split chosen from the measured bandwidth, and as BASELINE
-(download the JPEG shards, run everything on the client). Both evaluate on the test container.
-The table compares accuracy, bytes per iteration, epoch time and the split.
+on a second run), and measures how fast BASELINE computes on the client's cores: that gives the
+rate below which BASELINE waits for its link (:mod:`hapi_bench.regime`). Without ``--rate`` the
+demo limits the client's link to a third of that rate, inside the network-bound regime HAPI is
+for; with ``--rate`` it uses the user's rate and says which regime that is. Then it fine-tunes the
+same model on the same data twice: through HAPI with the split chosen by predicted time, and as
+BASELINE (download the JPEG shards, run everything on the client). Both evaluate on the test
+container. The table compares accuracy, bytes per iteration, epoch time and the split.
 
-Why HAPI should win here, on two identical CPU cores: HAPI moves the JPEG decoding and the
-expensive early layers next to the storage, so the two tiers work on each batch in a pipeline
-(server: decode + layers before the split; client: the rest + training), where BASELINE does all of
-it on the client core; and what crosses the link is the split layer's output, smaller than the
-stored JPEG by construction of the split rule. The gain in time is the client's share of the work:
-with only the head trained (the model's default freeze index), the layers before the split are
-~90 % of the compute and the two modes come within ~10 % of each other on one core each, so the
-demo fine-tunes the last two stages, which is the same job for both modes. The server has the
+Why HAPI wins here: below the crossover rate BASELINE's epoch is its stored bytes over the link,
+while HAPI's is the largest of what the server computes (decode and the layers before the split,
+on its own core), what the client computes, and the split's bytes over the link; the split rule
+picks the split where that largest stage is smallest, so HAPI's epoch shrinks with the bytes it
+saves until one side's compute becomes the bottleneck. Above the crossover both modes are bound
+by compute and HAPI's gain is the client's share of the work it moves to the server. The demo
+fine-tunes the last two stages (freeze index 13), the same job for both modes. The server has the
 model loaded before the timed epoch, as it would for any job after the first; the client's one-off
 model download is not timed either.
 """
@@ -31,22 +33,29 @@ import hapi_models
 from hapi_client.finetune import Mode
 
 from .data import ensure_dataset, ensure_models, photos_spec
+from .regime import measure_regime
 from .runs import RunSpec, measured_finetune, warm_server
 from .testbed import Testbed
 
-__all__ = ["DemoConfig", "demo_job", "format_demo_table"]
+__all__ = ["NETWORK_BOUND_SHARE", "DemoConfig", "demo_job", "format_demo_table"]
+
+#: The demo's default rate as a share of the crossover rate: deep enough in the network-bound
+#: regime that the link, not the CPU, decides BASELINE's epoch (three times its compute), shallow
+#: enough that BASELINE's epoch stays a few minutes on a 2-core machine.
+NETWORK_BOUND_SHARE = 1 / 3
 
 
 @dataclass(frozen=True)
 class DemoConfig:
     """The demo's sizes: small enough for 2 cores, large enough for stable epoch times."""
 
-    rate_mbit: float = 100.0
+    rate_mbit: float | None = None
+    """None: a third of the measured crossover rate (``NETWORK_BOUND_SHARE``)."""
     model: str = "efficientnet_lite0"
     #: Fine-tune the last two MBConv stages and the head (``blocks.5.0`` on), a usual choice when
     #: the new images differ from ImageNet; the model's default (18) trains only the head.
     freeze_index: int = 13
-    train_per_class: int = 60
+    train_per_class: int = 30
     test_per_class: int = 20
     shard_size: int = 50
     batch_size: int = 50  # one shard per iteration: every iteration is a full batch
@@ -124,11 +133,22 @@ def demo_job(
     finally:
         conn.close()
     warm_server(testbed, [stored], train.container, train.manifest)
-    testbed.set_rate(cfg.rate_mbit)
+    regime = measure_regime(
+        testbed, stored, train.container, train.manifest, cfg.freeze_index, cfg.batch_size
+    )
+    print(f"      {regime.describe()}", flush=True)
+    if cfg.rate_mbit is None:
+        rate = round(regime.crossover_mbit * NETWORK_BOUND_SHARE, 1)
+        why = f"a third of the crossover rate {regime.crossover_mbit:.1f} Mbit/s: network-bound"
+    else:
+        rate = cfg.rate_mbit
+        bound = "network" if rate < regime.crossover_mbit else "compute"
+        why = f"your rate; BASELINE is {bound}-bound there (crossover {regime.crossover_mbit:.1f} Mbit/s)"
+    testbed.set_rate(rate)
     check = testbed.measure_link()
     _step(
         3,
-        f"link limited to {cfg.rate_mbit:g} Mbit/s by {testbed.link.method}: measured "
+        f"link limited to {rate:g} Mbit/s ({why}) by {testbed.link.method}: measured "
         f"{check.measured_mbit:.1f} Mbit/s{' (FLAGGED: more than 10% off)' if check.flagged else ''}",
     )
     rows = []
@@ -138,14 +158,14 @@ def demo_job(
             n,
             f"{mode.upper()}: fine-tuning {cfg.model} from layer {cfg.freeze_index} on for {cfg.epochs} "
             f"epoch(s), batch {cfg.batch_size}"
-            f"{', split chosen from the measured bandwidth' if mode == 'hapi' else ', everything on the client'}",
+            f"{', split chosen by predicted time' if mode == 'hapi' else ', everything on the client'}",
         )
         spec = RunSpec(
             stored,
             mode,
             train.container,
             train.manifest,
-            cfg.rate_mbit,  # type: ignore[arg-type]
+            rate,
             batch_size=cfg.batch_size,
             split="auto",
             freeze_index=cfg.freeze_index,
@@ -175,6 +195,11 @@ def demo_job(
     bytes_ratio = base["bytes_per_iteration"] / max(hapi["bytes_per_iteration"], 1.0)
     time_ratio = base["epoch_s"] / max(hapi["epoch_s"], 1e-9)
     won = bytes_ratio > 1 and time_ratio > 1
+    regime_word = "network-bound" if rate < regime.crossover_mbit else "compute-bound"
+    print(
+        f"at {rate:g} Mbit/s ({regime_word} for BASELINE on this machine; crossover "
+        f"{regime.crossover_mbit:.1f} Mbit/s)"
+    )
     print(
         f"HAPI vs BASELINE: {bytes_ratio:.2f}x fewer bytes per iteration, epoch {time_ratio:.2f}x "
         f"{'faster' if time_ratio > 1 else 'SLOWER'}; wall time of the demo {time.perf_counter() - started:.0f} s"
@@ -191,6 +216,8 @@ def demo_job(
             json.dump(
                 {
                     "config": asdict(cfg),
+                    "rate_mbit": rate,
+                    "regime": regime.as_dict(),
                     "link": check.as_dict(),
                     "testbed": testbed.describe(),
                     "rows": rows,

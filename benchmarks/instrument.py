@@ -82,7 +82,7 @@ class ClientProbe:
 
     def _wrap(self) -> None:
         swift, transport = self.client.swift, self.client.transport
-        get, probe = swift.get, swift.probe
+        get, read_prefix = swift.get, swift.read_prefix
         extract, finetune = transport.extract, transport.finetune
 
         def get_hook(container: str, name: str, **kw: Any) -> Any:
@@ -91,9 +91,10 @@ class ClientProbe:
                 self._loading()
             return get(container, name, **kw)
 
-        def probe_hook(*args: Any, **kw: Any) -> Any:
+        def prefix_hook(*args: Any, **kw: Any) -> Any:
+            # Bandwidth probes and the split rule's sample images: the first dataset bytes.
             self._first_data()
-            return probe(*args, **kw)
+            return read_prefix(*args, **kw)
 
         def extract_hook(req: Any, num_samples: int | None = None) -> Any:
             self._first_data()
@@ -122,7 +123,7 @@ class ClientProbe:
 
         # Instance attributes shadow the methods for this client only.
         setattr(swift, "get", get_hook)  # noqa: B010
-        setattr(swift, "probe", probe_hook)  # noqa: B010
+        setattr(swift, "read_prefix", prefix_hook)  # noqa: B010
         setattr(transport, "extract", extract_hook)  # noqa: B010
         setattr(transport, "finetune", finetune_hook)  # noqa: B010
 

@@ -63,6 +63,22 @@ def plot_e2e(results: ResultSet, out_dir: Path) -> list[Path]:
             color=colour,
             label=label,
         )
+    crossover = results.meta.get("regimes", {}).get("alexnet", {}).get("crossover_mbit")
+    if crossover:
+        for ax in axes[:2]:
+            ax.axvline(
+                crossover,
+                color="grey",
+                linestyle="--",
+                label=f"BASELINE link = compute ({crossover:.0f} Mbit/s)",
+            )
+        axes[0].annotate(
+            "network-bound \u2190",
+            (crossover, 0.95),
+            xycoords=("data", "axes fraction"),
+            ha="right",
+            fontsize=8,
+        )
     for ax, ylabel, title in (
         (axes[0], "epoch time (s)", "AlexNet: epoch time (cf. Fig 5.9)"),
         (axes[1], "MB per iteration", "AlexNet: data per iteration (cf. Fig 5.10)"),

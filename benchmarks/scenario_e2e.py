@@ -2,9 +2,12 @@
 
 For each link rate, model and mode, one epoch of fine-tuning over the ImageNet-sized photos, the
 split chosen automatically (HAPI), and for every run the pipelined lower bound
-max(storage CPU, client CPU, bytes / measured rate) from the same run's parts.
+max(storage CPU, client CPU, bytes / measured rate) from the same run's parts. Before the runs,
+each model's BASELINE compute per image is measured on the client's core and the crossover rate
+(where BASELINE's link keeps up with its compute, :mod:`hapi_bench.regime`) goes into the
+results and the plot: below it the network is the bottleneck.
 
-The quick grid (``make bench``) runs AlexNet at every rate with HAPI and BASELINE (ALL_IN_COS at
+The quick grid (``make bench``) runs AlexNet from 5 to 1000 Mbit/s with HAPI and BASELINE (ALL_IN_COS at
 100 and 1000 Mbit/s only: below, its time is the 233 MB model it returns divided by the rate), and
 ResNet18 and EfficientNet-Lite0 at 100 Mbit/s; the full grid runs every model at every rate in
 every mode and adds the thesis' 0.05-15 Gbit/s sweep for AlexNet with HAPI and BASELINE. The
@@ -18,10 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+import hapi_models
+
 from hapi_client.finetune import Mode
 
 from .data import ensure_dataset, ensure_models, photos_spec
 from .plots import plot_e2e
+from .regime import measure_regime
 from .results import ResultSet
 from .runs import RunSpec, measured_finetune, warm_server
 from .testbed import Testbed
@@ -32,6 +38,10 @@ log = logging.getLogger(__name__)
 
 MODELS = ("alexnet", "resnet18", "efficientnet_lite0")
 RATES_MBIT = (50.0, 100.0, 500.0, 1000.0)
+#: The quick sweep of AlexNet: from deep in the network-bound regime on a 2-core machine (its
+#: crossover is measured and printed per run, ~40-60 Mbit/s there) to where both modes are
+#: compute-bound.
+QUICK_SWEEP_MBIT = (5.0, 10.0, 25.0, 50.0, 100.0, 500.0, 1000.0)
 MODES = ("baseline", "hapi", "all_in_cos")
 THESIS_SWEEP_MBIT = (50.0, 100.0, 500.0, 1000.0, 2000.0, 3000.0, 5000.0, 10000.0, 15000.0)
 
@@ -65,7 +75,7 @@ def e2e_grid(quick: bool, *, tiny: bool = False) -> E2EGrid:
     if quick:
         quick_runs = [
             (rate, "alexnet", mode)
-            for rate in RATES_MBIT
+            for rate in QUICK_SWEEP_MBIT
             for mode in MODES
             if mode != "all_in_cos" or rate in (100.0, 1000.0)
         ]
@@ -75,13 +85,13 @@ def e2e_grid(quick: bool, *, tiny: bool = False) -> E2EGrid:
             30,
             50,
             50,
-            "quick: AlexNet at 50/100/500/1000 Mbit/s (ALL_IN_COS at 100 and 1000 only), ResNet18 and "
+            "quick: AlexNet at 5/10/25/50/100/500/1000 Mbit/s (ALL_IN_COS at 100 and 1000 only), ResNet18 and "
             "EfficientNet-Lite0 at 100 Mbit/s only, 300 training images",
         )
     full = [(rate, model, mode) for rate in RATES_MBIT for model in MODELS for mode in MODES]
     full += [
         (rate, "alexnet", mode)
-        for rate in THESIS_SWEEP_MBIT
+        for rate in sorted({*QUICK_SWEEP_MBIT, *THESIS_SWEEP_MBIT})
         if rate not in RATES_MBIT
         for mode in ("baseline", "hapi")
     ]
@@ -90,8 +100,8 @@ def e2e_grid(quick: bool, *, tiny: bool = False) -> E2EGrid:
         50,
         50,
         50,
-        "full: every model at 50/100/500/1000 Mbit/s, plus AlexNet HAPI/BASELINE over the "
-        "thesis' 0.05-15 Gbit/s sweep, 500 training images",
+        "full: every model at 50/100/500/1000 Mbit/s, plus AlexNet HAPI/BASELINE from 5 Mbit/s "
+        "over the thesis' 0.05-15 Gbit/s sweep, 500 training images",
     )
 
 
@@ -115,6 +125,18 @@ def run_e2e(testbed: Testbed, out_dir: str, quick: bool = True, tiny: bool = Fal
         conn.close()
     print(f"[e2e] {train.describe()}", flush=True)
     warm_server(testbed, list(stored.values()), train.container, train.manifest)
+    regimes = {}
+    for model in grid.models:
+        regime = measure_regime(
+            testbed,
+            stored[model],
+            train.container,
+            train.manifest,
+            hapi_models.get_spec(model).default_freeze_index,
+            grid.batch_size,
+        )
+        regimes[model] = regime.as_dict()
+        print(f"[e2e] {model}: {regime.describe()}", flush=True)
     results = ResultSet.start(
         "e2e",
         testbed=testbed.describe(),
@@ -127,6 +149,7 @@ def run_e2e(testbed: Testbed, out_dir: str, quick: bool = True, tiny: bool = Fal
             "stored_bytes_per_sample": train.manifest.mean_shard_bytes_per_sample,
         },
         batch_size=grid.batch_size,
+        regimes=regimes,
         link_checks=[],
         shaping_note="the link is unshaped while the client loads the model (a user caches it) and "
         "shaped from the first dataset byte on",

@@ -63,6 +63,12 @@ SCENARIOS: dict[str, Scenario] = {
             True,
         ),
         Scenario(
+            "oracle",
+            "each split rule's epoch time over the best split's, per model and rate (measured)",
+            "hapi_bench.scenario_oracle:run_oracle",
+            True,
+        ),
+        Scenario(
             "tenants",
             "1..10 simultaneous jobs, HAPI vs ALL_IN_COS (Fig 5.11)",
             "hapi_bench.scenario_tenants:run_tenants",
@@ -83,7 +89,7 @@ SCENARIOS: dict[str, Scenario] = {
     )
 }
 #: The order of ``all``: the fast, stack-free ones first.
-ORDER = ("split", "gars", "startup", "e2e", "tenants", "adaptation", "proxy")
+ORDER = ("split", "gars", "startup", "e2e", "oracle", "tenants", "adaptation", "proxy")
 
 
 def _function(entry: str) -> Callable[..., int]:

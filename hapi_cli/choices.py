@@ -61,9 +61,9 @@ DEFAULT_AUTH_URL = "http://127.0.0.1:8080/auth/v1.0"
 DEFAULT_RETRY_BUDGET_S = 120.0
 
 #: The ``hapi demo`` options' defaults: fields of ``hapi_bench.DemoConfig()``.
-DEMO_DEFAULTS: dict[str, float | int] = {
-    "rate_mbit": 100.0,
-    "train_per_class": 60,
+DEMO_DEFAULTS: dict[str, float | int | None] = {
+    "rate_mbit": None,
+    "train_per_class": 30,
     "test_per_class": 20,
     "batch_size": 50,
     "epochs": 1,

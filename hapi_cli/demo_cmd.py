@@ -75,10 +75,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add ``demo`` to the ``hapi`` parser."""
     p = subparsers.add_parser(
         "demo",
-        help="fine-tune EfficientNet-Lite0 through HAPI and BASELINE over a 100 Mbit/s link",
+        help="fine-tune EfficientNet-Lite0 through HAPI and BASELINE where the network is the "
+        "bottleneck",
         description="Start Swift + the HAPI server, upload ImageNet-sized photos and the EfficientNet-Lite0 "
         "weights (reused on later runs), limit the client's link (tc in private network namespaces when "
-        "root, else a client-side token bucket), fine-tune through HAPI (split chosen automatically) and "
+        "root, else a client-side token bucket) to a rate in the network-bound regime measured on this "
+        "machine (or --rate), fine-tune through HAPI (split chosen by predicted time) and "
         "as BASELINE, evaluate on held-out photos and print a comparison table.",
     )
     p.add_argument(
@@ -91,7 +93,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--rate",
         type=float,
         default=DEMO_DEFAULTS["rate_mbit"],
-        help="link rate in Mbit/s (default: %(default)s)",
+        help="link rate in Mbit/s (default: a third of the rate where BASELINE's link keeps "
+        "up with its compute on this machine, measured first: the network-bound regime)",
     )
     p.add_argument(
         "--train-per-class",

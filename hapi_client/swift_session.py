@@ -25,6 +25,9 @@ from .throttle import TokenBucket
 
 log = logging.getLogger(__name__)
 
+#: Longest a bandwidth probe reads (it stops earlier at its byte count).
+PROBE_SECONDS = 2.0
+
 DEFAULT_AUTH_URL = "http://127.0.0.1:8080/auth/v1.0"
 
 _T = TypeVar("_T")
@@ -200,21 +203,32 @@ class SwiftSession:
         """Time a ranged read of up to ``nbytes`` of an object; return bytes/s and feed the estimate."""
         return self.read_prefix(container, name, nbytes)[0]
 
-    def read_prefix(self, container: str, name: str, nbytes: int) -> tuple[float, bytes]:
+    def read_prefix(
+        self, container: str, name: str, nbytes: int, *, max_seconds: float = PROBE_SECONDS
+    ) -> tuple[float, bytes]:
         """A timed ranged read of an object's first ``nbytes``: the rate (fed to the bandwidth
-        estimate) and the bytes."""
+        estimate) and the bytes.
+
+        The read stops early after ``max_seconds``: on a slow link a few seconds of transfer
+        time the rate as well as megabytes do, and a whole shard at 2 Mbit/s would take 20 s.
+        """
         what = f"{container}/{name}"
 
         def read() -> tuple[bytes, float]:
             start = time.perf_counter()
             _, body = self._conn().get_object(
-                container, name, headers={"Range": f"bytes=0-{nbytes - 1}"}, resp_chunk_size=1 << 20
+                container, name, headers={"Range": f"bytes=0-{nbytes - 1}"}, resp_chunk_size=1 << 16
             )
             chunks = []
-            for chunk in body:
-                if self.throttle is not None:
-                    self.throttle.consume(len(chunk))
-                chunks.append(chunk)
+            try:
+                for chunk in body:
+                    if self.throttle is not None:
+                        self.throttle.consume(len(chunk))
+                    chunks.append(chunk)
+                    if time.perf_counter() - start >= max_seconds:
+                        break
+            finally:
+                body.close()
             return b"".join(chunks), time.perf_counter() - start
 
         data, seconds = self._retrying(what, read)

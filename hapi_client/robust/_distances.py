@@ -7,7 +7,7 @@ from torch import Tensor
 
 from ._tensors import all_finite, finite_rows, host_decides
 
-__all__ = ["distances_and_finite", "median_rows", "pairwise_sq_distances", "rank_rows"]
+__all__ = ["distances_and_finite", "pairwise_sq_distances", "rank_rows"]
 
 
 def _centred_gram(data: Tensor, ref: int | Tensor) -> tuple[Tensor, Tensor]:
@@ -161,32 +161,3 @@ def rank_rows(score: Tensor, penalty: Tensor) -> Tensor:
     """
     order = torch.argsort(score, stable=True)
     return order[torch.argsort(penalty[order], stable=True)]
-
-
-def median_rows(data: Tensor) -> Tensor:
-    """Coordinate-wise median of the rows of ``data`` (``[n, d] -> [d]``).
-
-    Odd n: the middle sorted value, element ceil(n/2) [000:585]. Even n: the mean of the two
-    middle sorted values (the thesis' ``(x_q + x_q)/2`` is a typo, digest D6; ``torch.median``
-    alone would return the lower one). NaN is ordered as ``+inf``, so up to floor((n-1)/2)
-    non-finite values per coordinate cannot reach the middle.
-    """
-    n = data.shape[0]
-    if host_decides(data):
-        # On the CPU topk of the lower half (ascending) is faster than torch.median/kthvalue/
-        # sort on dim 0.
-        lower = torch.topk(data, n // 2 + 1, dim=0, largest=False, sorted=True).values
-    else:
-        # On a GPU topk runs a radix select per column (one thread block for each of the d
-        # columns), while sort sorts each short column in registers: ByzFL's torch.quantile
-        # sorts too, and topk made this median 1.8x slower than ByzFL's on an H100.
-        lower = torch.sort(data, dim=0).values[: n // 2 + 1]
-    middle = lower[-1:] if n % 2 == 1 else lower[-2:]
-    # topk and sort order NaN above +inf, so NaN only reaches the middle when more than
-    # floor((n-1)/2) values of a coordinate are non-finite; mapping it to +inf there costs one
-    # pass over the [1 or 2, d] middle (it also makes the result a new tensor) and no host read.
-    middle = torch.nan_to_num(middle, nan=float("inf"), posinf=float("inf"), neginf=float("-inf"))
-    if n % 2 == 1:
-        return middle[0]
-    # Halve first: (a + b) could overflow for values near the dtype's maximum.
-    return middle[0] * 0.5 + middle[1] * 0.5

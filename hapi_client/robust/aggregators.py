@@ -42,7 +42,9 @@ Differences from ByzFL 0.0.11 (``byzfl.aggregators``), which the tests use as an
   ``MultiKrum(n, f, m=n - f - 1)``.
 - ByzFL's rules only require 2f < n; here each rule checks its own requirement from the seeds.
 - ByzFL's torch median is ``torch.quantile`` (a sort of all n values per coordinate); here
-  ``torch.topk`` selects the lower half (same values; D6 for even n, as ``quantile`` agrees).
+  the middle values come from :func:`~hapi_client.robust._order.sorted_rows` (a comparator
+  network of row-wise min/max on the CPU, a sort on a GPU; same values, and D6 for even n, as
+  ``quantile`` agrees).
 - ByzFL has no Bulyan and no batch-weighted average; its rules return NaN on NaN inputs.
 """
 
@@ -57,7 +59,8 @@ from typing import ClassVar, Literal
 import torch
 from torch import Tensor
 
-from ._distances import distances_and_finite, median_rows, rank_rows
+from ._distances import distances_and_finite, rank_rows
+from ._order import median_rows, sorted_rows
 from ._tensors import (
     Inputs,
     all_finite,
@@ -288,7 +291,8 @@ class Median(Aggregator):
     """Coordinate-wise median [000:574-600]: ``out[j] = median(x_1[j], ..., x_n[j])``.
 
     Odd n: the ceil(n/2)-th sorted value (Eq. 3.3); even n: the mean of the two middle values
-    (D6). Requires n >= 2f+1; cost O(nd) (``torch.topk`` selection of the lower half).
+    (D6). Requires n >= 2f+1; cost O(nd log^2 n) (a pruned sorting network on the CPU, see
+    :func:`~hapi_client.robust._order.sorted_rows`).
     Non-finite values: NaN is ordered as +inf, so with at most f non-finite values per
     coordinate the median is one of (or between two of) the finite ones.
     """
@@ -309,7 +313,7 @@ class TrimmedMean(Aggregator):
 
     Per coordinate, sort the n values, drop the f smallest and the f largest and average the
     n - 2f left: ``out[j] = (1/(n-2f)) sum_{k=f+1}^{n-f} x_(k)[j]``. Requires n >= 2f+1;
-    cost O(nd log n). Non-finite values: NaN is ordered as +inf, so at most f non-finite values
+    cost O(nd log^2 n) on the CPU (a sorting network), O(nd log n) on a GPU. Non-finite values: NaN is ordered as +inf, so at most f non-finite values
     per coordinate are always trimmed when they sit at one end (and at most f per end in general).
     """
 
@@ -323,15 +327,9 @@ class TrimmedMean(Aggregator):
     def _aggregate(self, data: Tensor) -> Tensor:
         if self.f == 0:
             return data.mean(dim=0)
-        # torch.sort orders NaN above +inf, as if it were +inf: only a NaN left in the kept
-        # middle (more than f non-finite values at one end) must count as +inf. Sorted, such a
-        # column ends in NaN, and its mean with NaN read as +inf is +inf, or NaN if the column
-        # also holds -inf (its first value). Three [d] operations and no host read, instead of
-        # a pass over the kept [n - 2f, d] values.
-        kept = torch.sort(data, dim=0).values[self.f : self.n - self.f]
-        mean = kept.mean(dim=0)
-        nan_as_inf = torch.where(kept[0] == float("-inf"), float("nan"), float("inf"))
-        return torch.where(kept[-1].isnan(), nan_as_inf, mean)
+        # sorted_rows reads NaN as +inf: more than f non-finite values at the top of a
+        # coordinate make its mean +inf (NaN if the kept values also hold -inf).
+        return sorted_rows(data, self.f, self.n - self.f).mean(dim=0)
 
 
 def _krum_scores(dist: Tensor, neighbours: int) -> Tensor:

@@ -56,7 +56,7 @@ class DemoConfig:
     #: the new images differ from ImageNet; the model's default (18) trains only the head.
     freeze_index: int = 13
     train_per_class: int = 30
-    test_per_class: int = 20
+    test_per_class: int = 10
     shard_size: int = 50
     batch_size: int = 50  # one shard per iteration: every iteration is a full batch
     #: Shards in flight (None: the client's default, two here). More do not help: the server does

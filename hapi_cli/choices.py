@@ -64,7 +64,7 @@ DEFAULT_RETRY_BUDGET_S = 120.0
 DEMO_DEFAULTS: dict[str, float | int | None] = {
     "rate_mbit": None,
     "train_per_class": 30,
-    "test_per_class": 20,
+    "test_per_class": 10,
     "batch_size": 50,
     "epochs": 1,
     "freeze_index": 13,

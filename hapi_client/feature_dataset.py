@@ -39,11 +39,19 @@ from hapi_contract import (
     OutputDtype,
 )
 
+from .costs import PipelineCosts
 from .errors import ConfigurationError
 from .feature_cache import FeatureCache
 from .model_store import StoredModel
 from .pipeline import EpochCounters, ShardLoader, iterate_batches, plan_epoch, rank_share
-from .preparation import PreparedModel, SplitChoice, cos_batch_cap, decide_split, prepare_model
+from .preparation import (
+    PreparedModel,
+    SplitChoice,
+    cos_batch_cap,
+    decide_split,
+    prepare_model,
+    split_costs,
+)
 from .shard_loaders import PushdownVerifier, make_shard_loader
 from .split import SplitDecision
 
@@ -108,8 +116,11 @@ class FeatureDataset(IterableDataset[Batch]):
         model: a stored model, ``"container/arch"`` or a :class:`StoredModel`.
         batch_size: samples per batch (per rank). Batches are exact: every one is
             ``batch_size`` samples except the last ones of an epoch.
-        split: ``"auto"`` (thesis Algorithm 2 on the measured bandwidth; re-checked at each
-            epoch boundary), ``"freeze"`` or a layer index; ``mode="baseline"`` means split 0.
+        split: ``"auto"`` (the split with the smallest predicted time per iteration, from the
+            server's and the client's measured costs and the measured bandwidth; re-checked at
+            each epoch boundary when the bandwidth drifts), ``"thesis"`` (thesis Algorithm 2 on
+            the measured bandwidth), ``"freeze"`` or a layer index; ``mode="baseline"`` means
+            split 0.
         mode: ``"hapi"`` (pushdown) or ``"baseline"`` (raw shards decoded locally).
         freeze_index: layers before it stay frozen (default: the architecture's).
         num_classes: classifier size (default: the dataset's class count).
@@ -209,6 +220,7 @@ class FeatureDataset(IterableDataset[Batch]):
             else None
         )
         self._split_choice: SplitChoice = 0 if mode == "baseline" else split
+        self._costs: PipelineCosts | None = None
         self.decision = self._decide()
         self._epoch = 0
         self._position = 0  # batches of the current epoch already yielded
@@ -375,16 +387,29 @@ class FeatureDataset(IterableDataset[Batch]):
 
     def _decide(self) -> SplitDecision:
         choice = self._split_choice
-        if choice == "auto" and self._collective and self.world_size > 1:
+        if choice in ("auto", "thesis") and self._collective and self.world_size > 1:
             return self._agree(lambda: self._decide_here(choice))
         return self._decide_here(choice)
 
     def _decide_here(self, choice: SplitChoice) -> SplitDecision:
+        if choice == "auto" and self._costs is None:
+            # Measured once per run; a re-decision at an epoch boundary reuses them.
+            self._costs = split_costs(
+                self.client,
+                self.prepared,
+                self.container,
+                output_dtype=self.output_dtype,
+                compression=self.compression,
+                b_max=self.b_max,
+            )
         bandwidth = self.client.bandwidth.bytes_per_s
-        if choice == "auto" and bandwidth is None:
-            probed = self.client.swift.probe(self.container, self.manifest.shards[0].name)
-            # A shard too small to time on its own does not move the moving estimate yet.
-            bandwidth = self.client.bandwidth.bytes_per_s or probed
+        if choice in ("auto", "thesis") and bandwidth is None:
+            if self._costs is not None and self._costs.probed_bytes_per_s is not None:
+                # A read too small to time on its own does not move the moving estimate yet.
+                bandwidth = self._costs.probed_bytes_per_s
+            else:
+                probed = self.client.swift.probe(self.container, self.manifest.shards[0].name)
+                bandwidth = self.client.bandwidth.bytes_per_s or probed
         return decide_split(
             self.prepared.profile,
             self.manifest,
@@ -393,6 +418,7 @@ class FeatureDataset(IterableDataset[Batch]):
             self.freeze_index,
             self.output_dtype,
             choice,
+            self._costs,
         )
 
     def _agree(self, decide: Callable[[], SplitDecision]) -> SplitDecision:
@@ -407,7 +433,7 @@ class FeatureDataset(IterableDataset[Batch]):
         return SplitDecision(int(index[0]), "rank 0's choice", 0.0, 0.0, 0.0, ())
 
     def _maybe_resplit(self) -> None:
-        if self._split_choice != "auto":
+        if self._split_choice not in ("auto", "thesis"):
             return
         if self._collective and self.world_size > 1:  # every rank takes part, rank 0 decides
             new = self._agree(self._resplit_here)
@@ -419,7 +445,7 @@ class FeatureDataset(IterableDataset[Batch]):
         bandwidth = self.client.bandwidth.bytes_per_s
         if bandwidth is None or not self.client.bandwidth.drifted(self.decision.budget_bytes):
             return self.decision
-        return self._decide_here("auto")
+        return self._decide_here(self._split_choice)
 
     def _adopt(self, new: SplitDecision) -> None:
         bandwidth = self.client.bandwidth.bytes_per_s or 0.0

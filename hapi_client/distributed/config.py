@@ -113,8 +113,10 @@ class DistributedConfig:
             )
         if self.backend not in _BACKENDS:
             out.append(f"backend must be one of {', '.join(_BACKENDS)}, got {self.backend!r}")
-        if not isinstance(self.split, int) and self.split not in ("auto", "freeze"):
-            out.append(f"split must be 'auto', 'freeze' or a layer index, got {self.split!r}")
+        if not isinstance(self.split, int) and self.split not in ("auto", "thesis", "freeze"):
+            out.append(
+                f"split must be 'auto', 'thesis', 'freeze' or a layer index, got {self.split!r}"
+            )
         for name in ("batch_size", "epochs", "checksum_every", "prefetch"):
             if getattr(self, name) < 1:
                 out.append(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -17,7 +17,9 @@ def timings(server: ServerProcess, body: object, headers: dict[str, str]) -> htt
 
 
 def test_times_every_layer_and_caches_them(hapi_server: ServerProcess, dataset: Dataset) -> None:
-    body = dataset.request("alexnet", SHARD, 8, samples=4, output_dtype="float32")
+    body = dataset.request(
+        "alexnet", SHARD, 8, samples=4, output_dtype="float32", compression="none"
+    )
     first = timings(hapi_server, body, dataset.headers())
     assert first.status_code == 200, first.text
     got = TimingsResponse.model_validate_json(first.content)

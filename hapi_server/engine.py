@@ -19,7 +19,7 @@ import torch
 
 from hapi_contract.frames import FrameEncoder
 
-from .devices import HOST_MEMORY, Device
+from .devices import HOST_MEMORY, Device, HostMemoryProbe
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,8 @@ class ExtractionJob:
     batch_size: int
     device: Device
     max_pixels: int
+    host_memory: HostMemoryProbe = field(default_factory=lambda: HOST_MEMORY)
+    """Measures a CPU batch of a request that runs alone (the schedulers' probe)."""
 
 
 def run_batch(
@@ -142,7 +144,7 @@ def run_extraction(
         # One host reading per request at most: the estimator counts readings per request.
         measured = stats.peak_bytes_per_sample is not None
         probe_samples = 0 if job.device.is_cuda or measured else done
-        with HOST_MEMORY.measure(key, probe_samples, done * sample_bytes, head) as reading:
+        with job.host_memory.measure(key, probe_samples, done * sample_bytes, head) as reading:
             frame = run_batch(
                 head,
                 job.transform,

@@ -72,7 +72,17 @@ def _step(n: int, text: str) -> None:
 
 def format_demo_table(rows: list[dict[str, Any]]) -> str:
     """The demo's table: one line per mode."""
-    header = ("mode", "split", "accuracy", "MB/iteration", "epoch (s)", "images/s", "bound (s)")
+    header = (
+        "mode",
+        "split",
+        "accuracy",
+        "MB/iteration",
+        "epoch (s)",
+        "images/s",
+        "bound (s)",
+        "fill (s)",
+        "after fill / bound",
+    )
     lines = [header]
     for r in rows:
         split = (
@@ -88,6 +98,8 @@ def format_demo_table(rows: list[dict[str, Any]]) -> str:
                 f"{r['epoch_s']:.1f}",
                 f"{r['samples_per_s']:.1f}",
                 f"{r['lower_bound_s']:.1f} ({r['bound_limiter']})",
+                "-" if r.get("fill_s") is None else f"{r['fill_s']:.1f}",
+                "-" if r.get("steady_bound_ratio") is None else f"{r['steady_bound_ratio']:.2f}",
             )
         )
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]

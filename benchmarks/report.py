@@ -104,6 +104,8 @@ def _e2e_section(e2e: ResultSet, img: str) -> list[str]:
                 r["lower_bound_s"],
                 r["bound_limiter"],
                 r["bound_ratio"],
+                r.get("fill_s"),
+                r.get("steady_bound_ratio"),
             )
         )
     out.append(
@@ -118,6 +120,8 @@ def _e2e_section(e2e: ResultSet, img: str) -> list[str]:
                 "lower bound s",
                 "bound set by",
                 "epoch / bound",
+                "fill s",
+                "after fill / bound",
             ),
             table,
         )

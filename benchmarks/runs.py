@@ -89,6 +89,16 @@ def warm_server(
             )
 
 
+def _steady_ratio(
+    epoch_s: float, fill_s: float | None, bound_s: float, iterations: int
+) -> float | None:
+    """The epoch after its first batch over the bound's share of the remaining iterations: how
+    close the pipeline runs to its bound once it is full (the fill is reported on its own)."""
+    if fill_s is None or iterations < 2 or bound_s <= 0:
+        return None
+    return round((epoch_s - fill_s) / (bound_s * (iterations - 1) / iterations), 3)
+
+
 def _first_epoch_start(probe: ClientProbe, mode: str) -> float:
     start = probe.first_load_at if mode != "all_in_cos" else probe.first_data_at
     if start is None:
@@ -199,6 +209,10 @@ def measured_finetune(
         "network_s": round(bound.network_s, 3),
         "lower_bound_s": round(bound.seconds, 3),
         "bound_ratio": round(first.seconds / bound.seconds, 3) if bound.seconds > 0 else None,
+        "fill_s": None if first.first_batch_s is None else round(first.first_batch_s, 3),
+        "steady_bound_ratio": _steady_ratio(
+            first.seconds, first.first_batch_s, bound.seconds, first.iterations
+        ),
         "bound_limiter": bound.limiter,
         "link_rx_bytes": parts.rx,
         "link_tx_bytes": parts.tx,

@@ -103,7 +103,7 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--model", default="models/efficientnet_lite0")
     p.add_argument("--container", default="photos-train")
     p.add_argument(
-        "--split", default="auto", type=lambda s: s if s in ("auto", "freeze") else int(s)
+        "--split", default="auto", type=lambda s: s if s in ("auto", "thesis", "freeze") else int(s)
     )
     p.add_argument("--image-size", type=int)
     p.add_argument("--epochs", type=int, default=2)

@@ -18,12 +18,14 @@ __all__ = ["register", "format_table"]
 
 
 def _split(value: str) -> int | str:
-    if value in ("auto", "freeze"):
+    if value in ("auto", "thesis", "freeze"):
         return value
     try:
         return int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError("--split is 'auto', 'freeze' or a layer index") from None
+        raise argparse.ArgumentTypeError(
+            "--split is 'auto', 'thesis', 'freeze' or a layer index"
+        ) from None
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -107,7 +109,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--mode", choices=MODES, default="hapi")
     p.add_argument(
-        "--split", type=_split, default="auto", help="auto (default), freeze, or a layer index"
+        "--split",
+        type=_split,
+        default="auto",
+        help="auto (default: the fastest predicted split from measured costs and bandwidth), "
+        "thesis (the thesis' Algorithm 2), freeze, or a layer index",
     )
     p.add_argument("--freeze-index", type=int, help="default: the model's")
     p.add_argument("--batch-size", type=int, default=64)

@@ -60,6 +60,8 @@ class EpochMetrics(EpochSummary):
     #: The client's bandwidth estimate after the epoch; None before any transfer was timed.
     bandwidth_mbit_s: float | None
     samples_per_s: float
+    #: Seconds from the epoch's start to its first batch: filling the pipeline (None: no batch).
+    first_batch_s: float | None = None
 
 
 @dataclass
@@ -181,7 +183,8 @@ def run_finetune(
             disable=not progress,
             leave=True,
         )
-        batches = _with_progress(train, bar, start, max_iterations)
+        first_batch: list[float] = []
+        batches = _with_progress(train, bar, start, max_iterations, first_batch)
         stats = hapi_models.train_batches(local, batches, opt, device)
         bar.close()
         seconds = time.perf_counter() - start
@@ -219,6 +222,7 @@ def run_finetune(
                 requests=counters.requests,
                 bandwidth_mbit_s=bw * 8e-6 if bw else None,
                 samples_per_s=counters.samples / seconds,
+                first_batch_s=first_batch[0] - start if first_batch else None,
             )
         )
         log.info("epoch %d: %s", epoch + 1, history[-1])
@@ -250,9 +254,14 @@ def _with_progress(
     bar: tqdm,  # type: ignore[type-arg]
     start: float,
     max_iterations: int | None,
+    first_batch: list[float],
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``batches`` with the progress bar updated; the first batch's arrival time is appended to
+    ``first_batch``."""
     seen = 0
     for x, y in batches:
+        if not first_batch:
+            first_batch.append(time.perf_counter())
         yield x, y
         seen += 1
         bar.update(1)

@@ -158,7 +158,13 @@ def choose_split_by_time(
     others = sorted((t for t in times if t.split != winner.split), key=lambda t: t.iteration_s)
     reason = f"predicted fastest, {winner.describe()}"
     if others:
-        reason += f"; runner-up {others[0].describe()}"
+        runner = others[0]
+        reason += f"; runner-up {runner.describe()}"
+        if runner.iteration_s < winner.iteration_s:
+            reason += (
+                f" (within {TIE_TOLERANCE - 1:.0%} of each other, which a prediction cannot "
+                "tell apart: the one shipping fewer bytes wins)"
+            )
     reason += (
         f" [server on {server.device}"
         f"{f' shared with {server.load} other requests' if server.load else ''}, client on "

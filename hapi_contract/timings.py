@@ -54,7 +54,9 @@ class TimingsResponse(_Model):
     load: Annotated[StrictInt, Field(ge=0), _INTEGRAL] = Field(
         description="other requests waiting or running on that device when this one was measured"
     )
-    cached: bool = Field(description="the layer times came from the server's cache")
+    cached: bool = Field(
+        description="earlier requests timed these layers too: the times are the fastest seen"
+    )
 
     @model_validator(mode="after")
     def _lengths_match(self) -> TimingsResponse:

@@ -1,7 +1,8 @@
 """The per-layer times ``POST /v1/timings`` measured, kept per model and device.
 
 A layer's time depends on the architecture, the class count (the classifier), the input shape
-and the device, not on the weights' values or the images: measured once, served from here after.
+and the device, not on the weights' values or the images: the first request measures it after a
+warm-up pass, later ones refine it (the fastest of all seen).
 """
 
 from __future__ import annotations
@@ -31,7 +32,15 @@ class LayerTimes:
             known = self._times.get(key)
         return known[:layers] if known is not None and len(known) >= layers else None
 
-    def put(self, key: TimingKey, times: list[float]) -> None:
+    def merge(self, key: TimingKey, times: list[float]) -> list[float]:
+        """Keep the fastest time seen per layer and return them for ``times``' layers.
+
+        Every timing request times the layers again (it runs them anyway, to size their output);
+        the minimum is the least disturbed by whatever else ran on the device meanwhile.
+        """
         with self._lock:
-            if len(times) > len(self._times.get(key, [])):
-                self._times[key] = list(times)
+            known = self._times.get(key, [])
+            best = [min(a, b) for a, b in zip(known, times, strict=False)]
+            best += known[len(best) :] or times[len(best) :]
+            self._times[key] = best
+            return best[: len(times)]

@@ -32,7 +32,10 @@ def test_times_every_layer_and_caches_them(hapi_server: ServerProcess, dataset: 
         timings(hapi_server, body, dataset.headers()).content
     )
     assert not got.cached and second.cached
-    assert second.layer_s_per_sample == got.layer_s_per_sample
+    # Timed again, the fastest time per layer kept.
+    assert all(
+        b <= a for a, b in zip(got.layer_s_per_sample, second.layer_s_per_sample, strict=True)
+    )
     # The wire sizes follow the dtype: float16 halves the tensor bytes.
     half = TimingsResponse.model_validate_json(
         timings(hapi_server, {**body, "output_dtype": "float16"}, dataset.headers()).content

@@ -33,6 +33,14 @@ are non-finite (and the honest ones are finite and do not overflow):
   the offending inputs (``nonfinite="raise"``, the default) or return the plain, non-finite mean
   (``nonfinite="propagate"``, e.g. to show a baseline failing in a benchmark).
 
+On a GPU a call only queues kernels, as ByzFL's rules do: the rules decide on the device
+(masks, ``torch.where``) and read nothing back to the host, which would wait for every queued
+kernel (see ``_tensors.HOST_DEVICE_TYPES``; on the CPU they read freely, as reads cost nothing
+there, and skip work they do not need). The exceptions: the averages with
+``nonfinite="raise"`` read one value per call (raising needs the answer on the host), clipping
+reads one (does any norm need redoing in float64; ByzFL's clipping reads every norm), and the
+``select`` diagnostics return Python lists.
+
 Differences from ByzFL 0.0.11 (``byzfl.aggregators``), which the tests use as an oracle:
 
 - ByzFL's Krum/MultiKrum score a vector by the *mean* of its n - f - 1 nearest squared
@@ -277,7 +285,7 @@ class BatchWeightedAverage(Aggregator):
         if weights is None:
             mean = data.mean(dim=0)
         else:
-            w = (weights / weights.sum()).to(device=data.device, dtype=data.dtype)
+            w = to_device(weights / weights.sum(), data.device).to(dtype=data.dtype)
             mean = w @ data
         if self.nonfinite == "raise":
             _refuse_nonfinite(self.name, data, mean)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -164,8 +165,9 @@ def test_mda_with_only_nonfinite_subsets_takes_the_first(on_device: Callable) ->
 # Rules whose GPU path reads nothing back to the host. Not here: the average with
 # nonfinite="raise" (raising needs the host to know; one read per call) and clipping (one read
 # to redo overflowed norms in float64; ByzFL's clipping reads each norm back).
-SYNC_FREE = [
+SYNC_FREE: list[tuple[str, dict[str, Any]]] = [
     ("average", {"nonfinite": "propagate"}),
+    ("weighted_average", {"nonfinite": "propagate", "batch_sizes": list(range(1, N + 1))}),
     ("median", {}),
     ("trimmed_mean", {}),
     ("krum", {}),
@@ -187,7 +189,7 @@ def test_gpu_paths_read_nothing_back(case: str) -> None:
         calls += [functools.partial(rule, items), functools.partial(rule, x)]
     for name in ["nnm", "bucketing"]:
         step = get_preaggregator(name, n=N, f=3)
-        calls.append(functools.partial(step, items))
+        calls += [functools.partial(step, items), functools.partial(step, x)]
     for call in calls:
         call()  # warm-up: first calls may initialise CUDA state
     torch.cuda.synchronize()

@@ -19,6 +19,7 @@ median is ``torch.quantile``, which refuses inputs above 2^24 elements).
     python benchmarks/gars.py --n 17 --d 1000000   # one cell
     python benchmarks/gars.py --device cuda   # on a GPU (synchronised before each clock read)
     python benchmarks/gars.py --no-byzfl      # ours only
+    python benchmarks/gars.py --threads 1     # one CPU thread for both (steadier on a busy host)
 """
 
 from __future__ import annotations
@@ -213,7 +214,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, nargs="*", default=None, help="input counts")
     parser.add_argument("--d", type=int, nargs="*", default=None, help="coordinates per input")
     parser.add_argument("--no-byzfl", action="store_true", help="do not time ByzFL's rules")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads for both libraries (default: torch's); on a host whose cores "
+        "are shared, 1 avoids the waits of a multi-threaded op for a descheduled thread",
+    )
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
 
     ns = args.n or ([7, 11] if args.quick else [7, 11, 15, 17])
     ds = args.d or ([10_000, 100_000] if args.quick else [100_000, 1_000_000])

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from hapi_client.robust import _tensors
+from hapi_client.robust import _order, _tensors
 from hapi_client.robust._order import NETWORK_MAX_N, _network, median_rows, sorted_rows
 
 
@@ -39,12 +39,16 @@ def test_pruning_keeps_only_what_the_window_needs() -> None:
 
 
 @pytest.mark.parametrize("n", [2, 3, 7, 16, 17, NETWORK_MAX_N, NETWORK_MAX_N + 1, 40])
-@pytest.mark.parametrize("on_device", [False, True])
+@pytest.mark.parametrize("path", ["host", "blocks", "device"])
 def test_random_values_with_nonfinite_match_sort(
-    n: int, on_device: bool, monkeypatch: pytest.MonkeyPatch
+    n: int, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # n > NETWORK_MAX_N takes topk on the CPU; on_device takes the GPU's sort, on the CPU.
-    if on_device:
+    # n > NETWORK_MAX_N takes topk on the CPU; "blocks" runs the network over blocks of 37
+    # columns (the last one shorter); "device" takes the GPU's sort, on the CPU.
+    if path == "blocks":
+        monkeypatch.setattr(_order, "BLOCK_ABOVE_BYTES", 0)
+        monkeypatch.setattr(_order, "BLOCK_COLUMNS", 37)
+    if path == "device":
         monkeypatch.setattr(_tensors, "HOST_DEVICE_TYPES", frozenset())
     gen = torch.Generator().manual_seed(n)
     x = torch.randn(n, 500, generator=gen, dtype=torch.float64)

@@ -11,11 +11,13 @@ from pathlib import Path
 from hapi_bench.results import DEFAULT_OUT
 from hapi_bench.scenarios import ORDER, SCENARIOS
 
+from .link_options import add_link_options, shaping_of, shaping_reason
+
 __all__ = ["register"]
 
 
 def _run(args: argparse.Namespace) -> int:
-    from hapi_bench import run_scenarios, shaping_support, write_report
+    from hapi_bench import run_scenarios, write_report
 
     if args.scenario == "report":
         path = write_report(args.out, args.report_out)
@@ -26,19 +28,18 @@ def _run(args: argparse.Namespace) -> int:
             print(f"{name:11s} {SCENARIOS[name].help}")
         return 0
     started = time.perf_counter()
-    reason = shaping_support() if args.shaping != "throttle" else "asked for the throttle"
+    reason = shaping_reason(args)
     print(
         f"hapi bench {args.scenario}{' --quick' if args.quick else ''}: results under {args.out}/; link "
         f"{'shaped with tc in private network namespaces' if reason is None else f'throttled by a client-side token bucket ({reason})'}",
         flush=True,
     )
-    shaping = {"auto": None, "tc": True, "throttle": False}[args.shaping]
     code = run_scenarios(
         [args.scenario],
         args.out,
         quick=args.quick,
         state_dir=args.state_dir,
-        shaping=shaping,
+        shaping=shaping_of(args),
         nice=args.nice,
     )
     if args.scenario == "all":
@@ -78,19 +79,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=Path(".hapi/bench"),
         help="the benchmark stack's data and logs (default: %(default)s)",
     )
-    p.add_argument(
-        "--shaping",
-        choices=("auto", "tc", "throttle"),
-        default="auto",
-        help="tc: require namespaces + tc; throttle: the token bucket (default: best available)",
-    )
-    p.add_argument(
-        "--nice",
-        type=int,
-        default=0,
-        help="niceness added to the benchmark's processes; negative (as root) keeps other work on a "
-        "shared machine from disturbing the measurements (default: %(default)s)",
-    )
+    add_link_options(p, "benchmark")
     p.add_argument(
         "--report-out",
         type=Path,

@@ -1,4 +1,4 @@
-"""``hapi demo``: HAPI vs BASELINE fine-tuning over a 100 Mbit/s link, end to end (``make demo``)."""
+"""``hapi demo``: HAPI vs BASELINE fine-tuning where the network is the bottleneck (``make demo``)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,13 @@ from pathlib import Path
 from hapi_stack import PortInUseError, StackConfig, StackError, up
 
 from .choices import DEMO_DEFAULTS
+from .link_options import add_link_options, shaping_of, shaping_reason
 
 __all__ = ["ERRORS", "register"]
 
 # hapi_bench's errors count as user errors by their package (see main); importing them here would
 # load torch for every `hapi --help`.
 ERRORS: tuple[type[BaseException], ...] = (StackError,)
-
-
-def _shaping(value: str) -> bool | None:
-    return {"auto": None, "tc": True, "throttle": False}[value]
 
 
 def _keep(state_dir: Path) -> None:
@@ -35,10 +32,10 @@ def _keep(state_dir: Path) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from hapi_bench import run_job, shaping_support
+    from hapi_bench import run_job
 
     started = time.perf_counter()
-    reason = shaping_support() if args.shaping != "throttle" else "asked for the throttle"
+    reason = shaping_reason(args)
     how = (
         "tc (htb) in private network namespaces"
         if reason is None
@@ -59,7 +56,7 @@ def _run(args: argparse.Namespace) -> int:
         "hapi_bench.demo:demo_job",
         {"config": config, "results_path": str(results.resolve())},
         args.state_dir,
-        shaping=_shaping(args.shaping),
+        shaping=shaping_of(args),
         nice=args.nice,
     )
     if args.keep:
@@ -120,19 +117,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=DEMO_DEFAULTS["freeze_index"],
         help="layers before it stay frozen (default: %(default)s, the last two stages and the head train)",
     )
-    p.add_argument(
-        "--shaping",
-        choices=("auto", "tc", "throttle"),
-        default="auto",
-        help="tc: require namespaces + tc; throttle: the token bucket (default: best available)",
-    )
-    p.add_argument(
-        "--nice",
-        type=int,
-        default=0,
-        help="niceness added to the demo's processes; negative (as root) keeps other work on a shared "
-        "machine from disturbing the timings (default: %(default)s)",
-    )
+    add_link_options(p, "demo")
     p.add_argument(
         "--keep", action="store_true", help="leave the stack running afterwards (on loopback)"
     )

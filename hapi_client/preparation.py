@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Literal
 import hapi_models
 import torch
 
-from hapi_contract import Compression, DatasetManifest, OutputDtype, ProfileSpec, profile_to_spec
+from hapi_contract import (
+    Compression,
+    DatasetManifest,
+    OutputDtype,
+    ProfileSpec,
+    profile_to_spec,
+    wire_itemsize,
+)
 
 from .costs import PipelineCosts, measure_pipeline_costs
 from .errors import ConfigurationError
@@ -154,14 +161,13 @@ def decide_split(
             bandwidth,
             freeze,
         )
-    width = 4 if output_dtype == OutputDtype.FLOAT32 else 2
     decision = choose_split_index(
         prof,
         manifest.mean_shard_bytes_per_sample,
         batch_size,
         bandwidth,
         freeze,
-        wire_bytes_per_element=width,
+        wire_bytes_per_element=wire_itemsize(output_dtype),
     )
     if split == "auto":
         why = costs.server_missing if costs is not None else "no measured costs"

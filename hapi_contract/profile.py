@@ -20,6 +20,7 @@ __all__ = [
     "ModelProfileLike",
     "output_bytes",
     "profile_to_spec",
+    "wire_itemsize",
 ]
 
 _WIRE_ITEMSIZE = {OutputDtype.FLOAT32: 4, OutputDtype.FLOAT16: 2, OutputDtype.BFLOAT16: 2}
@@ -79,6 +80,11 @@ def profile_to_spec(profile: ModelProfileLike) -> ProfileSpec:
         raise ProfileConversionError(f"profile does not make a valid ProfileSpec: {exc}") from exc
 
 
+def wire_itemsize(dtype: OutputDtype | str) -> int:
+    """Bytes of one element on the wire at ``dtype``."""
+    return _WIRE_ITEMSIZE[OutputDtype(dtype)]
+
+
 def output_bytes(spec: ProfileSpec, split_index: int, dtype: OutputDtype) -> int:
     """Bytes per sample on the wire after ``split_index`` layers, at ``dtype``.
 
@@ -92,4 +98,4 @@ def output_bytes(spec: ProfileSpec, split_index: int, dtype: OutputDtype) -> int
         float32_bytes = c * h * w * 4
     else:
         float32_bytes = spec.output_bytes_per_sample[split_index - 1]
-    return float32_bytes * _WIRE_ITEMSIZE[OutputDtype(dtype)] // 4
+    return float32_bytes * wire_itemsize(dtype) // 4

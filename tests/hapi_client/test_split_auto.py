@@ -4,23 +4,27 @@ from __future__ import annotations
 
 import hapi_models
 
-from hapi_client import FeatureDataset
+from hapi_client import FeatureDataset, HapiClient
 
 from .conftest import ClientEnv
 
 SMALL = hapi_models.InputTransform(resize=64, crop=64, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
 
 
+def _alexnet(env: ClientEnv, client: HapiClient, split: str) -> FeatureDataset:
+    return FeatureDataset(
+        client,
+        env.train,
+        env.models["alexnet"].name,
+        batch_size=10,
+        split=split,  # type: ignore[arg-type]
+        transform=SMALL,
+    )
+
+
 def test_auto_takes_the_fastest_predicted_split(client_env: ClientEnv) -> None:
     with client_env.client() as client:
-        ds = FeatureDataset(
-            client,
-            client_env.train,
-            client_env.models["alexnet"].name,
-            batch_size=10,
-            split="auto",
-            transform=SMALL,
-        )
+        ds = _alexnet(client_env, client, "auto")
         decision = ds.decision
         assert decision.rule == "time"
         assert [t.split for t in decision.predictions] == list(range(ds.freeze_index + 1))
@@ -40,24 +44,10 @@ def test_auto_takes_the_fastest_predicted_split(client_env: ClientEnv) -> None:
 
 def test_thesis_rule_and_fallback_without_server_timings(client_env: ClientEnv) -> None:
     with client_env.client() as client:
-        thesis = FeatureDataset(
-            client,
-            client_env.train,
-            client_env.models["alexnet"].name,
-            batch_size=10,
-            split="thesis",
-            transform=SMALL,
-        )
+        thesis = _alexnet(client_env, client, "thesis")
         assert thesis.decision.rule == "thesis" and not thesis.decision.predictions
     # Through the Swift filter there is no server to time the head: Algorithm 2, said so.
     with client_env.client(via="swift") as client:
-        fallback = FeatureDataset(
-            client,
-            client_env.train,
-            client_env.models["alexnet"].name,
-            batch_size=10,
-            split="auto",
-            transform=SMALL,
-        )
+        fallback = _alexnet(client_env, client, "auto")
         assert fallback.decision.rule == "thesis"
         assert "Swift filter" in fallback.decision.reason

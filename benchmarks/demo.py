@@ -81,7 +81,8 @@ def format_demo_table(rows: list[dict[str, Any]]) -> str:
         "images/s",
         "bound (s)",
         "fill (s)",
-        "after fill / bound",
+        "drain (s)",
+        "steady / bound",
     )
     lines = [header]
     for r in rows:
@@ -99,6 +100,7 @@ def format_demo_table(rows: list[dict[str, Any]]) -> str:
                 f"{r['samples_per_s']:.1f}",
                 f"{r['lower_bound_s']:.1f} ({r['bound_limiter']})",
                 "-" if r.get("fill_s") is None else f"{r['fill_s']:.1f}",
+                "-" if r.get("drain_s") is None else f"{r['drain_s']:.1f}",
                 "-" if r.get("steady_bound_ratio") is None else f"{r['steady_bound_ratio']:.2f}",
             )
         )

@@ -89,6 +89,12 @@ def _e2e_section(e2e: ResultSet, img: str) -> list[str]:
         f"{e2e.meta.get('dataset', {}).get('stored_bytes_per_sample', 0) / 1e3:.0f} KB stored per image; "
         f"training batch {e2e.meta.get('batch_size')}. {e2e.meta.get('shaping_note', '')}.",
         "",
+        "The lower bound is max(storage side's CPU, client's CPU, bytes / measured rate) of the "
+        "same run. An epoch of n iterations also fills the pipeline (*fill*: until the first batch "
+        "reaches the trainer) and drains it (*drain*: training the last batch); *steady / bound* "
+        "is the time between the first and the last batch over the bound's share of those n - 1 "
+        "iterations.",
+        "",
     ]
     table = []
     for r in rows:
@@ -105,6 +111,7 @@ def _e2e_section(e2e: ResultSet, img: str) -> list[str]:
                 r["bound_limiter"],
                 r["bound_ratio"],
                 r.get("fill_s"),
+                r.get("drain_s"),
                 r.get("steady_bound_ratio"),
             )
         )
@@ -121,7 +128,8 @@ def _e2e_section(e2e: ResultSet, img: str) -> list[str]:
                 "bound set by",
                 "epoch / bound",
                 "fill s",
-                "after fill / bound",
+                "drain s",
+                "steady / bound",
             ),
             table,
         )

@@ -90,13 +90,15 @@ def warm_server(
 
 
 def _steady_ratio(
-    epoch_s: float, fill_s: float | None, bound_s: float, iterations: int
+    fill_s: float | None, last_s: float | None, bound_s: float, iterations: int
 ) -> float | None:
-    """The epoch after its first batch over the bound's share of the remaining iterations: how
-    close the pipeline runs to its bound once it is full (the fill is reported on its own)."""
-    if fill_s is None or iterations < 2 or bound_s <= 0:
+    """The time between the first and the last batch's arrival over the bound's share of those
+    ``iterations - 1`` iterations: how close the full pipeline runs to its bound. Filling it
+    (until the first batch) and draining it (training the last one) are reported on their own:
+    in a short epoch each is a whole stage time no pipeline can hide."""
+    if fill_s is None or last_s is None or iterations < 2 or bound_s <= 0:
         return None
-    return round((epoch_s - fill_s) / (bound_s * (iterations - 1) / iterations), 3)
+    return round((last_s - fill_s) / (bound_s * (iterations - 1) / iterations), 3)
 
 
 def _first_epoch_start(probe: ClientProbe, mode: str) -> float:
@@ -210,8 +212,11 @@ def measured_finetune(
         "lower_bound_s": round(bound.seconds, 3),
         "bound_ratio": round(first.seconds / bound.seconds, 3) if bound.seconds > 0 else None,
         "fill_s": None if first.first_batch_s is None else round(first.first_batch_s, 3),
+        "drain_s": None
+        if first.last_batch_s is None
+        else round(first.seconds - first.last_batch_s, 3),
         "steady_bound_ratio": _steady_ratio(
-            first.seconds, first.first_batch_s, bound.seconds, first.iterations
+            first.first_batch_s, first.last_batch_s, bound.seconds, first.iterations
         ),
         "bound_limiter": bound.limiter,
         "link_rx_bytes": parts.rx,

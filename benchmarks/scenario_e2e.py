@@ -178,7 +178,7 @@ def run_e2e(testbed: Testbed, out_dir: str, quick: bool = True, tiny: bool = Fal
                 f"[e2e] {model:18s} {rate:6g} Mbit/s {mode:10s} split {row['split_index']:>2}  "
                 f"epoch {row['epoch_s']:7.2f} s  {row['bytes_per_iteration'] / 1e6:7.2f} MB/iter  "
                 f"bound {row['lower_bound_s']:6.2f} s ({row['bound_limiter']}, x{row['bound_ratio']}; "
-                f"fill {row['fill_s']} s, x{row['steady_bound_ratio']} after it)",
+                f"fill {row['fill_s']} s, drain {row['drain_s']} s, x{row['steady_bound_ratio']} between)",
                 flush=True,
             )
             results.write(out)  # after every run: an interrupted grid keeps what it measured

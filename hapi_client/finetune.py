@@ -62,6 +62,9 @@ class EpochMetrics(EpochSummary):
     samples_per_s: float
     #: Seconds from the epoch's start to its first batch: filling the pipeline (None: no batch).
     first_batch_s: float | None = None
+    #: Seconds from the epoch's start to its last batch; the rest of the epoch is the last
+    #: iteration's training, the pipeline's drain (None: no batch).
+    last_batch_s: float | None = None
 
 
 @dataclass
@@ -183,8 +186,8 @@ def run_finetune(
             disable=not progress,
             leave=True,
         )
-        first_batch: list[float] = []
-        batches = _with_progress(train, bar, start, max_iterations, first_batch)
+        arrivals: list[float] = []
+        batches = _with_progress(train, bar, start, max_iterations, arrivals)
         stats = hapi_models.train_batches(local, batches, opt, device)
         bar.close()
         seconds = time.perf_counter() - start
@@ -222,7 +225,8 @@ def run_finetune(
                 requests=counters.requests,
                 bandwidth_mbit_s=bw * 8e-6 if bw else None,
                 samples_per_s=counters.samples / seconds,
-                first_batch_s=first_batch[0] - start if first_batch else None,
+                first_batch_s=arrivals[0] - start if arrivals else None,
+                last_batch_s=arrivals[-1] - start if arrivals else None,
             )
         )
         log.info("epoch %d: %s", epoch + 1, history[-1])
@@ -254,14 +258,13 @@ def _with_progress(
     bar: tqdm,  # type: ignore[type-arg]
     start: float,
     max_iterations: int | None,
-    first_batch: list[float],
+    arrivals: list[float],
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """``batches`` with the progress bar updated; the first batch's arrival time is appended to
-    ``first_batch``."""
+    """``batches`` with the progress bar updated; each batch's arrival time is appended to
+    ``arrivals``."""
     seen = 0
     for x, y in batches:
-        if not first_batch:
-            first_batch.append(time.perf_counter())
+        arrivals.append(time.perf_counter())
         yield x, y
         seen += 1
         bar.update(1)

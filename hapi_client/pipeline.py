@@ -147,13 +147,21 @@ def iterate_batches(
     ys: list[torch.Tensor] = []
     buffered = 0
     delivered = 0
+
+    def refill() -> None:
+        nonlocal next_i
+        while next_i < len(order) and len(pending) < max(1, depth):
+            pending.append((order[next_i], executor.submit(loader, order[next_i])))
+            next_i += 1
+
     try:
-        while next_i < len(order) or pending:
-            while next_i < len(order) and len(pending) < max(1, depth):
-                shard = order[next_i]
-                pending.append((shard, executor.submit(loader, shard)))
-                next_i += 1
+        refill()
+        while pending:
             shard, future = pending.popleft()
+            # Refill before this shard is consumed, not after: while the caller trains on its
+            # batches, ``depth`` further shards are in flight, so the server (or the link) is
+            # never idle waiting for the next request.
+            refill()
             loaded = future.result()
             n = len(loaded.labels)
             if n != shard_sizes[shard] or loaded.inputs.shape[0] != n:

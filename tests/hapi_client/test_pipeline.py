@@ -120,3 +120,27 @@ def test_a_shard_with_missing_samples_fails_loudly() -> None:
 
     with ThreadPoolExecutor(1) as pool, pytest.raises(DeliveryError, match="manifest says 4"):
         list(iterate_batches(plan, [4, 4], short, 2, pool, 1, EpochCounters()))
+
+
+class _CountingPool(ThreadPoolExecutor):
+    """Counts the loads asked for (submitted), whether or not a thread has started them."""
+
+    submitted = 0
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def,override]
+        self.submitted += 1
+        return super().submit(fn, *args, **kwargs)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_depth_shards_are_in_flight_while_a_shard_is_consumed(depth: int) -> None:
+    """While the caller trains on shard k's batch, shards k+1 .. k+depth were already asked
+    for: the server never waits for the trainer to finish before it gets the next request."""
+    sizes = [4] * 6
+    plan = plan_epoch(len(sizes), 3, 0)
+    asked_at_yield = []
+    with _CountingPool(depth) as pool:
+        for _ in iterate_batches(plan, sizes, _Shards(sizes), 4, pool, depth, EpochCounters()):
+            asked_at_yield.append(pool.submitted)
+    consumed = range(1, len(sizes) + 1)
+    assert asked_at_yield == [min(len(sizes), k + depth) for k in consumed]

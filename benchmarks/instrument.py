@@ -10,7 +10,8 @@ tenants); it records the server's own timings of every extraction.
 storage side's processes and the link's byte counters, so that the costs of one epoch can be cut
 out of a run afterwards. With each side pinned to its own cores, an epoch can take no less than
 any of: the storage side's CPU time, the client's CPU time, the bytes moved over the link divided
-by its rate. Their maximum is the pipelined lower bound.
+by its rate. Their maximum is the pipelined lower bound. ALL_IN_COS does not pipeline (the
+server trains, then returns the model): its bound adds the storage side's time and the transfer.
 """
 
 from __future__ import annotations
@@ -224,26 +225,43 @@ class Sampler:
 
 @dataclass(frozen=True)
 class LowerBound:
-    """max(storage CPU, client CPU, bytes / rate) of one epoch, and what set it."""
+    """max(storage CPU, client CPU, bytes / rate) of one epoch, and what set it.
+
+    ``sequential``: the storage side's work and the transfer cannot overlap (ALL_IN_COS trains
+    the whole epoch on the server, then returns the model), so they add up.
+    """
 
     storage_s: float
     client_s: float
     network_s: float
+    sequential: bool = False
 
     @property
     def seconds(self) -> float:
+        if self.sequential:
+            return max(self.storage_s + self.network_s, self.client_s)
         return max(self.storage_s, self.client_s, self.network_s)
 
     @property
     def limiter(self) -> str:
+        if self.sequential and self.storage_s + self.network_s >= self.client_s:
+            return "server, then network"
         parts = {"server": self.storage_s, "client": self.client_s, "network": self.network_s}
         return max(parts, key=lambda k: parts[k])
 
 
 def lower_bound(
-    storage_cpu_s: float, client_cpu_s: float, nbytes: int, rate_bytes_per_s: float
+    storage_cpu_s: float,
+    client_cpu_s: float,
+    nbytes: int,
+    rate_bytes_per_s: float,
+    *,
+    sequential: bool = False,
 ) -> LowerBound:
-    """The pipelined lower bound of an epoch from its measured parts."""
+    """The lower bound of an epoch from its measured parts (pipelined unless ``sequential``)."""
     return LowerBound(
-        storage_cpu_s, client_cpu_s, nbytes / rate_bytes_per_s if rate_bytes_per_s > 0 else 0.0
+        storage_cpu_s,
+        client_cpu_s,
+        nbytes / rate_bytes_per_s if rate_bytes_per_s > 0 else 0.0,
+        sequential,
     )

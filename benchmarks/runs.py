@@ -169,7 +169,13 @@ def measured_finetune(
     epoch_start = _first_epoch_start(probe, spec.mode)
     parts = sampler.between(epoch_start, epoch_start + first.seconds)
     rate = mbit_to_bytes(link.measured_mbit)
-    bound = lower_bound(parts.storage_cpu, parts.client_cpu, first.bytes_received, rate)
+    bound = lower_bound(
+        parts.storage_cpu,
+        parts.client_cpu,
+        first.bytes_received,
+        rate,
+        sequential=spec.mode == "all_in_cos",
+    )
     manifest = spec.manifest
     split = result.split
     row: dict[str, Any] = {

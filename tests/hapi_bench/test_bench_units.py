@@ -46,6 +46,14 @@ def test_lower_bound_is_the_largest_part() -> None:
     assert lower_bound(5.0, 1.0, 0, 1.0).limiter == "server"
 
 
+def test_a_sequential_bound_adds_the_server_and_the_transfer() -> None:
+    """ALL_IN_COS trains on the server and then returns the model: nothing overlaps."""
+    bound = lower_bound(2.0, 3.0, 50_000_000, 12_500_000, sequential=True)
+    assert bound.seconds == pytest.approx(6.0)
+    assert bound.limiter == "server, then network"
+    assert lower_bound(1.0, 9.0, 12_500_000, 12_500_000, sequential=True).limiter == "client"
+
+
 class _NoLink(ThrottleLink):
     pass
 

@@ -390,6 +390,7 @@ def _adaptation_section(adapt: ResultSet, img: str, results_dir: Path) -> list[s
                 (on["peak_memory_bytes"] or 0) / 2**20 if on else None,
                 on.get("peak_share_pct") if on else None,
                 on.get("data_share_pct") if on else None,
+                on.get("planned_share_pct") if on else None,
                 on["cut_share_pct"] if on else None,
                 on["avg_cut_pct"] if on else None,
                 f"{off['completed']}/{off['oom_failures']}" if off else None,
@@ -419,6 +420,7 @@ def _adaptation_section(adapt: ResultSet, img: str, results_dir: Path) -> list[s
                 "BA on: peak MiB",
                 "BA on: resident % of budget",
                 "BA on: VmData % of budget",
+                "BA on: planned % of budget",
                 "BA on: % cut",
                 "BA on: avg cut %",
                 "BA off: done/OOM",
@@ -442,8 +444,9 @@ def _adaptation_section(adapt: ResultSet, img: str, results_dir: Path) -> list[s
         "(`RLIMIT_DATA`) limits, polled every 2 ms. The server corrects its per-image estimate from measured "
         "peaks on the CPU too (batches whose request ran alone in the process; each server is calibrated with "
         "5 lone requests first), so six requests run uncut as in the thesis. The planner reserves each "
-        "request's peak for its whole run while concurrent requests do not peak at the same moment, so the "
-        "measured peak stays below the planned budget. Without BA, requests fail once their sum passes the "
+        "request's peak for its whole run (*planned*: the most it held for running requests at once, from "
+        "its metrics) while concurrent requests do not peak at the same moment, so the measured peak stays "
+        "below the plan. Without BA, requests fail once their sum passes the "
         "budget, as in the thesis; with BA none does.",
         "",
     ]

@@ -22,7 +22,9 @@ shard): completed requests, out-of-memory failures, the server's peak resident m
 (``VmHWM``, reset through ``/proc/PID/clear_refs``) and its peak ``VmData`` above idle (polled:
 the unit the budget is enforced in; a block counts there from its allocation, in the RSS only
 once written), each as a share of the budget, the share of requests whose COS batch was cut and
-the average cut, and the solver's decision time (from the server's metrics).
+the average cut, the solver's decision time and the most memory it planned for running requests
+at once (both from the server's metrics; the planned share is what batch adaptation fills, the
+measured shares are lower because concurrent requests do not peak at the same moment).
 """
 
 from __future__ import annotations
@@ -244,6 +246,38 @@ class _DataPeak:
         self._thread.join()
 
 
+class _PlannedPeak:
+    """The highest memory the server's planner held for running requests during a point.
+
+    Read from its ``hapi_planned_memory_bytes`` gauge every ``interval_s``: a reservation lasts
+    a whole request (seconds), so a coarse poll sees every plan, at little cost to the server.
+    """
+
+    def __init__(self, hapi_url: str, interval_s: float = 0.1) -> None:
+        self.hapi_url = hapi_url
+        self.interval_s = interval_s
+        self.peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="planned-poll", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                value = _server_metric(self.hapi_url, "hapi_planned_memory_bytes")
+            except httpx.HTTPError:
+                return  # the server is gone
+            self.peak = max(self.peak, value or 0.0)
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> _PlannedPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def _point(
     requester: _Requester, testbed: Testbed, pid: int, k: int, adaptive: bool
 ) -> dict[str, Any]:
@@ -252,7 +286,7 @@ def _point(
     _reset_peak(pid)
     before = _decision_totals(testbed.stack.hapi_url)
     started = time.perf_counter()
-    with _DataPeak(pid) as data_peak:
+    with _DataPeak(pid) as data_peak, _PlannedPeak(testbed.stack.hapi_url) as planned:
         outcomes = requester.fire(k)
     seconds = time.perf_counter() - started
     alive = Path(f"/proc/{pid}").exists()
@@ -275,6 +309,7 @@ def _point(
         "server_alive": alive,
         "peak_memory_bytes": peak,
         "peak_data_bytes": max(0, data_peak.peak - idle_data) if alive else None,
+        "planned_peak_bytes": round(planned.peak),
         "vmhwm_resets": sum(o.vmhwm_resets for o in outcomes),
         "cut_share_pct": round(100 * len(cuts) / len(done), 2) if done else None,
         "avg_cut_pct": round(100 * statistics.fmean(cuts), 2) if cuts else 0.0,
@@ -394,13 +429,15 @@ def run_adaptation(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
                 budget_bytes=budget,
                 peak_share_pct=_share(row["peak_memory_bytes"], budget),
                 data_share_pct=_share(row["peak_data_bytes"], budget),
+                planned_share_pct=_share(row["planned_peak_bytes"], budget),
             )
             results.add(row)
             results.write(Path(out_dir))
             print(
                 f"[adaptation] BA {'on ' if adaptive else 'off'} {k} requests: {row['completed']} completed, "
                 f"{row['oom_failures']} OOM, peak {(row['peak_memory_bytes'] or 0) / 2**20:.0f} MiB "
-                f"({row['peak_share_pct']}% of the budget; VmData {row['data_share_pct']}%), "
+                f"({row['peak_share_pct']}% of the budget; VmData {row['data_share_pct']}%; "
+                f"planned {row['planned_share_pct']}%), "
                 f"{row['cut_share_pct']}% cut by "
                 f"{row['avg_cut_pct']}%, batches {row['cos_batches']}, VmHWM resets {row['vmhwm_resets']}",
                 flush=True,

@@ -446,10 +446,25 @@ def _adaptation_section(adapt: ResultSet, img: str, results_dir: Path) -> list[s
         "5 lone requests first), so six requests run uncut as in the thesis. The planner reserves each "
         "request's peak for its whole run (*planned*: the most it held for running requests at once, from "
         "its metrics) while concurrent requests do not peak at the same moment, so the measured peak stays "
-        "below the plan. Without BA, requests fail once their sum passes the "
-        "budget, as in the thesis; with BA none does.",
+        "below the plan. " + _oom_sentence(rows),
         "",
     ]
+
+
+def _oom_sentence(rows: list[dict[str, Any]]) -> str:
+    """Where requests ran out of memory, with and without BA, as measured."""
+    first_off = min(
+        (r["requests"] for r in rows if not r["adaptation"] and r["oom_failures"]), default=None
+    )
+    with_ba = sum(r["oom_failures"] for r in rows if r["adaptation"])
+    off = (
+        "Without BA no request ran out of memory at any point."
+        if first_off is None
+        else f"Without BA, requests ran out of memory from {first_off} parallel requests on, "
+        "as in the thesis;"
+    )
+    on = "with BA none did." if with_ba == 0 else f"with BA {with_ba} did."
+    return f"{off} {on[0].upper() + on[1:] if first_off is None else on}"
 
 
 def _proxy_section(proxy: ResultSet, img: str) -> list[str]:

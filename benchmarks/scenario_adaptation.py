@@ -34,9 +34,10 @@ import resource
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import hapi_models
 import httpx
@@ -214,7 +215,35 @@ def _measure_one(requester: _Requester, pid: int) -> int:
     return _status_field(pid, "VmHWM") - idle
 
 
-class _DataPeak:
+class _PeakPoller:
+    """The largest value ``read()`` returned, polled every ``interval_s`` in a thread until the
+    block ends or the source is gone (``read`` returns None)."""
+
+    def __init__(self, read: Callable[[], float | None], interval_s: float, name: str) -> None:
+        self._read = read
+        self.interval_s = interval_s
+        self.peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            value = self._read()
+            if value is None:
+                return
+            self.peak = max(self.peak, value)
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class _DataPeak(_PeakPoller):
     """The server's peak ``VmData`` (what RLIMIT_DATA limits), polled every ``interval_s``.
 
     The kernel keeps no high-water mark of ``VmData``, so it is polled; a request's blocks live
@@ -224,29 +253,16 @@ class _DataPeak:
 
     def __init__(self, pid: int, interval_s: float = 0.002) -> None:
         self.pid = pid
-        self.interval_s = interval_s
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="vmdata-poll", daemon=True)
+        super().__init__(self._vmdata, interval_s, "vmdata-poll")
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.peak = max(self.peak, _status_field(self.pid, "VmData"))
-            except (OSError, ScenarioError):
-                return  # the server is gone
-            self._stop.wait(self.interval_s)
-
-    def __enter__(self) -> _DataPeak:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
+    def _vmdata(self) -> float | None:
+        try:
+            return _status_field(self.pid, "VmData")
+        except (OSError, ScenarioError):
+            return None  # the server is gone
 
 
-class _PlannedPeak:
+class _PlannedPeak(_PeakPoller):
     """The highest memory the server's planner held for running requests during a point.
 
     Read from its ``hapi_planned_memory_bytes`` gauge every ``interval_s``: a reservation lasts
@@ -255,27 +271,13 @@ class _PlannedPeak:
 
     def __init__(self, hapi_url: str, interval_s: float = 0.1) -> None:
         self.hapi_url = hapi_url
-        self.interval_s = interval_s
-        self.peak = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="planned-poll", daemon=True)
+        super().__init__(self._planned, interval_s, "planned-poll")
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                value = _server_metric(self.hapi_url, "hapi_planned_memory_bytes")
-            except httpx.HTTPError:
-                return  # the server is gone
-            self.peak = max(self.peak, value or 0.0)
-            self._stop.wait(self.interval_s)
-
-    def __enter__(self) -> _PlannedPeak:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
+    def _planned(self) -> float | None:
+        try:
+            return _server_metric(self.hapi_url, "hapi_planned_memory_bytes") or 0.0
+        except httpx.HTTPError:
+            return None  # the server is gone
 
 
 def _point(
@@ -308,7 +310,7 @@ def _point(
         "failure_details": sorted({f"{o.status}: {o.detail[:160]}" for o in outcomes if not o.ok}),
         "server_alive": alive,
         "peak_memory_bytes": peak,
-        "peak_data_bytes": max(0, data_peak.peak - idle_data) if alive else None,
+        "peak_data_bytes": round(max(0, data_peak.peak - idle_data)) if alive else None,
         "planned_peak_bytes": round(planned.peak),
         "vmhwm_resets": sum(o.vmhwm_resets for o in outcomes),
         "cut_share_pct": round(100 * len(cuts) / len(done), 2) if done else None,

@@ -169,10 +169,6 @@ def measure_pipeline_costs(
         return PipelineCosts(
             client_costs, None, "the freeze index is 0: nothing to push down", rate
         )
-    if client.transport.via != "hapi":
-        return PipelineCosts(
-            client_costs, None, "the Swift filter does not serve timings (via='swift')", rate
-        )
     req = TimingsRequest(
         container=container,
         shard=shard.name,

@@ -35,7 +35,7 @@ from hapi_contract import (
 from hapi_contract.frames import BatchFrame, EndFrame, FrameDecoder
 
 from .bandwidth import BandwidthEstimator
-from .errors import DeliveryError, ServerError, ServerUnavailableError
+from .errors import ConfigurationError, DeliveryError, ServerError, ServerUnavailableError
 from .retry import RetryClock, RetryPolicy
 from .swift_session import SwiftSession
 from .throttle import TokenBucket
@@ -46,6 +46,8 @@ __all__ = ["HAPI_REQUEST_HEADER", "RETRY_STATUSES", "HapiTransport", "RetryPolic
 
 RETRY_STATUSES = {500, 502, 503, 504}
 HAPI_REQUEST_HEADER = "X-Hapi-Request"
+#: What the Swift proxy's HAPI filter serves (``X-Hapi-Request``); the rest goes to the server.
+_FILTER_OPERATIONS = ("extract", "timings")
 
 _T = TypeVar("_T")
 
@@ -88,6 +90,7 @@ class HapiTransport:
         self.retry = retry or RetryPolicy()
         self.bandwidth = bandwidth
         self._http = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0))
+        self._filter_ops: tuple[str, ...] | None = None
 
     def close(self) -> None:
         self._http.close()
@@ -97,12 +100,55 @@ class HapiTransport:
     ) -> tuple[str, dict[str, str]]:
         storage_url, token = self.swift.auth(clock=clock)
         headers = {"X-Auth-Token": token, "X-Storage-Url": storage_url}
-        # Swift's HAPI filter serves extraction; ALL_IN_COS fine-tuning goes to the server itself.
-        if self.via == "swift" and what == "extract":
+        # Swift's HAPI filter serves extraction and timings; ALL_IN_COS fine-tuning goes to the
+        # server itself.
+        if self.via == "swift" and what in _FILTER_OPERATIONS:
             # Through the proxy's HAPI filter: the object URL of the shard, marked as a HAPI call.
+            self._check_filter(storage_url, what)
             headers[HAPI_REQUEST_HEADER] = what
             return f"{storage_url}/{quote(container, safe='')}/{quote(obj, safe='/')}", headers
         return f"{self.endpoint}{API_PREFIX}/{what}", headers
+
+    def _check_filter(self, storage_url: str, what: str) -> None:
+        """Refuse ``what`` through a proxy whose ``/info`` does not list it.
+
+        Without the filter, a POST to an object is Swift's own metadata update: it answers 202
+        and drops the shard's metadata. A proxy that hides ``/info`` cannot be checked; its
+        answer then says what it is.
+        """
+        ops = self._filter_operations(storage_url)
+        if ops is None or what in ops:
+            return
+        base = storage_url.split("/v1/", 1)[0]
+        if not ops:
+            raise ConfigurationError(
+                f"the Swift proxy at {base} has no HAPI filter (its /info lists none): "
+                'via="swift" needs `use = egg:hapi#hapi` in its pipeline; or use via="hapi"'
+            )
+        raise ConfigurationError(
+            f"the HAPI filter of the Swift proxy at {base} serves {', '.join(ops)}, not {what}: "
+            "it is older than this client"
+        )
+
+    def _filter_operations(self, storage_url: str) -> tuple[str, ...] | None:
+        """The operations the proxy's HAPI filter advertises (``()``: no filter), read once from
+        its ``/info``; None when that cannot be read (hidden, or the proxy is down now)."""
+        if self._filter_ops is not None:
+            return self._filter_ops
+        base = storage_url.split("/v1/", 1)[0]
+        try:
+            resp = self._http.get(f"{base}/info", timeout=10.0)
+            info = resp.json() if resp.status_code == 200 else None
+        except (httpx.HTTPError, json.JSONDecodeError) as exc:
+            log.debug("cannot read %s/info: %r", base, exc)
+            return None
+        if not isinstance(info, dict):
+            log.warning("%s/info is not readable: cannot check for the HAPI filter", base)
+            return None
+        hapi = info.get("hapi")
+        ops = hapi.get("operations", ("extract",)) if isinstance(hapi, dict) else ()
+        self._filter_ops = tuple(str(op) for op in ops)
+        return self._filter_ops
 
     def _unavailable(
         self, label: str, clock: RetryClock, last: str, status: int | None, code: str
@@ -239,11 +285,9 @@ class HapiTransport:
         )
 
     def timings(self, req: TimingsRequest) -> TimingsResponse:
-        """The server's measured costs of ``req``'s head (``POST /v1/timings``).
-
-        Asked of the HAPI server itself: the Swift filter serves extraction only, and a run
-        through the filter's in-proxy mode has no server to ask (the caller falls back then).
-        """
+        """The server's measured costs of ``req``'s head (``POST /v1/timings``, or the Swift
+        filter's ``timings`` operation with ``via="swift"``, which a decoupled filter forwards to
+        a HAPI server and an in-proxy one measures itself)."""
         body = req.model_dump(mode="json")
 
         def send(url: str, headers: dict[str, str]) -> TimingsResponse | httpx.Response:

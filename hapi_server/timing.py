@@ -29,7 +29,6 @@ from hapi_contract.frames import FrameEncoder
 
 from . import extraction
 from .core import input_transform
-from .devices import Device
 from .engine import BatchExecutionError
 from .state import ServerState
 from .swift_io import Caller
@@ -48,9 +47,9 @@ class HeadMeasurement:
     wire_bytes_per_sample: list[float]
 
 
-def _sync(device: Device) -> None:
-    if device.is_cuda:
-        torch.cuda.synchronize(device.torch_device)
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def measure_head(
@@ -58,7 +57,7 @@ def measure_head(
     split: int,
     images: Sequence[bytes],
     transform: hapi_models.InputTransform,
-    device: Device,
+    device: torch.device,
     encoder: FrameEncoder,
     max_pixels: int,
     *,
@@ -67,7 +66,8 @@ def measure_head(
     """Decode ``images`` and run them through layers ``[0, split)`` one layer at a time.
 
     With ``warm_up`` an untimed pass runs first (allocator and kernel caches, lazy module
-    state), so that the timed pass measures the steady state the pipeline runs in.
+    state), so that the timed pass measures the steady state the pipeline runs in. Shared by the
+    HAPI server and the Swift filter's in-proxy execution.
     """
     n = len(images)
     labels = torch.zeros(n, dtype=torch.int64)
@@ -75,7 +75,7 @@ def measure_head(
         start = time.perf_counter()
         x = transform.decode_batch(list(images), max_pixels=max_pixels)
         decode = (time.perf_counter() - start) / n
-        x = x.to(device.torch_device)
+        x = x.to(device)
         layers = model.layers[:split]
         with torch.inference_mode():
             if warm_up:
@@ -124,7 +124,7 @@ async def time_request(state: ServerState, caller: Caller, req: TimingsRequest) 
             req.split_index,
             images,
             transform,
-            device,
+            device.torch_device,
             FrameEncoder(dtype=req.output_dtype, compression=req.compression),
             state.settings.max_image_pixels,
             warm_up=cached is None,

@@ -1,10 +1,11 @@
 """Recognising a HAPI request among Swift requests, and checking it before anything is read.
 
 A HAPI request is a ``POST`` to an object URL ``/v1/<account>/<container>/<object>`` (the object
-is the shard) that carries ``X-Hapi-Request: extract``, or the content type
-``application/x-hapi-request+json`` (which implies ``extract``). The body is the JSON
-``ExtractRequest`` of ``POST /v1/extract``; ``container`` and ``shard`` may be left out (they
-come from the URL) and, when present, must name the same object as the URL.
+is the shard) that carries ``X-Hapi-Request: extract`` or ``X-Hapi-Request: timings``, or the
+content type ``application/x-hapi-request+json`` (which implies ``extract``). The body is the
+JSON ``ExtractRequest`` of ``POST /v1/extract`` (or the ``TimingsRequest`` of
+``POST /v1/timings``); ``container`` and ``shard`` may be left out (they come from the URL) and,
+when present, must name the same object as the URL.
 """
 
 from __future__ import annotations
@@ -31,8 +32,11 @@ __all__ = [
     "parse_hapi_request",
 ]
 
-OPERATIONS = ("extract",)
-"""The operations the filter serves."""
+_BODY_SCHEMA = {"extract": "ExtractRequest", "timings": "TimingsRequest"}
+
+OPERATIONS = tuple(_BODY_SCHEMA)
+"""The operations the filter serves: a shard's features, or the measured costs of a model's head
+over its first images (what ``split="auto"`` asks before it chooses a split)."""
 
 _JSON_TYPES = ("application/json", CONTENT_TYPE_HAPI_REQUEST)
 
@@ -214,7 +218,9 @@ def parse_hapi_request(req: Request, max_body_bytes: int) -> HapiRequest:
     check_swift_names(account=account, container=container, object=obj)
     raw = _read_body(req, max_body_bytes)
     if not raw.strip():
-        raise BadHapiRequestError("empty HAPI request body; send the ExtractRequest JSON")
+        raise BadHapiRequestError(
+            f"empty HAPI request body; send the {_BODY_SCHEMA[operation]} JSON"
+        )
     body = _parse_json(raw)
     if not isinstance(body, dict):
         raise BadHapiRequestError(

@@ -9,7 +9,10 @@ CPU or GPU work on it would stall every other request, so everything heavy (impo
 building the model, checking the shard, the forward pass, encoding) runs through
 ``eventlet.tpool.execute``, one COS batch at a time; the request's green thread only waits.
 There is no batch adaptation here: the COS batch is the request's ``b_max`` (capped by
-``max_batch``).
+``max_batch``). A timing request (``X-Hapi-Request: timings``) takes a concurrency slot like an
+extraction and times the head with the server's own measurement
+(:func:`hapi_server.timing.measure_head`); its layer times are kept per model and device here as
+the server keeps them.
 
 The shard and the weights are read through the rest of the pipeline as the caller. torch and
 the HAPI server's modules are imported on the first in-proxy request only, so a proxy in
@@ -27,10 +30,17 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from eventlet import tpool
 from eventlet.semaphore import Semaphore
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from swift.common.swob import Request, Response
 
-from hapi_contract import CONTENT_TYPE_FRAMES, HEADER_EXECUTION, ExtractRequest, ModelRef
+from hapi_contract import (
+    CONTENT_TYPE_FRAMES,
+    HEADER_EXECUTION,
+    ExtractRequest,
+    ModelRef,
+    TimingsRequest,
+    TimingsResponse,
+)
 from swift_middleware.config import Execution, FilterConfig
 from swift_middleware.errors import HapiResponseError
 from swift_middleware.hapi_request import HapiRequest, object_path
@@ -43,11 +53,13 @@ if TYPE_CHECKING:
     from hapi_contract.frames import FrameEncoder
     from hapi_server.engine import JobStats
     from hapi_server.estimates import MemoryEstimator
+    from hapi_server.timing_cache import LayerTimes
 
 __all__ = ["InProxyExtractor"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 
 def _server_checked(check: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -75,6 +87,7 @@ class _Runtime:
 
     device: torch.device
     estimator: MemoryEstimator
+    layer_times: LayerTimes
 
 
 def _load_runtime(device_name: str, threads: int | None) -> _Runtime:
@@ -82,19 +95,20 @@ def _load_runtime(device_name: str, threads: int | None) -> _Runtime:
     import torch
 
     from hapi_server.estimates import MemoryEstimator
+    from hapi_server.timing_cache import LayerTimes
 
     if threads is not None:
         torch.set_num_threads(threads)
     if device_name == "auto":
         device_name = "cuda" if torch.cuda.is_available() else "cpu"
-    return _Runtime(torch.device(device_name), MemoryEstimator())
+    return _Runtime(torch.device(device_name), MemoryEstimator(), LayerTimes.empty())
 
 
-def _validate(body: dict[str, object]) -> ExtractRequest:
+def _validate(body: dict[str, object], schema: type[M]) -> M:
     from hapi_server.core import validation_detail
 
     try:
-        return ExtractRequest.model_validate(body)
+        return schema.model_validate(body)
     except ValidationError as exc:
         raise HapiResponseError(
             validation_detail(exc.errors()), status=422, code="invalid_request"
@@ -215,12 +229,16 @@ class InProxyExtractor:
         return self._runtime
 
     def handle(self, req: Request, hapi: HapiRequest) -> Response:
-        """Authorise, read, prepare and start streaming; HapiResponseError before the stream."""
+        """Authorise, read, prepare and start streaming; HapiResponseError before the stream.
+
+        A timing request is answered whole (JSON) once it ran, and frees its slot then.
+        """
         from hapi_server import core
 
         started = time.perf_counter()
         rt = self.runtime()
-        extract = _validate(hapi.body)
+        timings = hapi.operation == "timings"
+        extract = _validate(hapi.body, TimingsRequest if timings else ExtractRequest)
         _server_checked(core.admit_model, extract.model, extract.split_index)
         transform = core.input_transform(extract.transform)
         # The server's meta-device profile: a 422 now for an input the network cannot take
@@ -229,11 +247,64 @@ class InProxyExtractor:
         _in_pool(rt.estimator.profile, ref.arch, ref.num_classes, transform.input_shape)
         self._check_weights(ref, None)  # before the shard is read
         self._slots.acquire()
+        if isinstance(extract, TimingsRequest):
+            try:
+                return self._time(req, hapi, rt, extract, transform)
+            finally:
+                self._slots.release()
         try:
             return self._start(req, hapi, rt, extract, transform, started)
         except BaseException:
             self._slots.release()
             raise
+
+    def _time(
+        self,
+        req: Request,
+        hapi: HapiRequest,
+        rt: _Runtime,
+        timing: TimingsRequest,
+        transform: hapi_models.InputTransform,
+    ) -> Response:
+        """Time the head over the shard's first images, as the HAPI server's timings do."""
+        from hapi_contract.frames import FrameEncoder
+        from hapi_server.timing import measure_head
+
+        images, _ = self._read_shard(req, hapi, timing)
+        model = self._model(req, hapi.account, timing.model, rt)
+        images = images[: min(timing.samples, self.config.max_batch)]
+        ref = timing.model
+        key = (ref.arch, ref.num_classes, transform.input_shape, str(rt.device))
+        cached = rt.layer_times.get(key, timing.split_index)
+        measured = _in_pool(
+            measure_head,
+            model,
+            timing.split_index,
+            images,
+            transform,
+            rt.device,
+            FrameEncoder(dtype=timing.output_dtype, compression=timing.compression),
+            self.config.max_image_pixels,
+            warm_up=cached is None,
+        )
+        answer = TimingsResponse(
+            arch=ref.arch,
+            device=str(rt.device),
+            samples=len(images),
+            decode_s_per_sample=measured.decode_s_per_sample,
+            layer_s_per_sample=rt.layer_times.merge(key, measured.layer_s_per_sample),
+            encode_s_per_sample=measured.encode_s_per_sample,
+            wire_bytes_per_sample=measured.wire_bytes_per_sample,
+            # Other requests running or waiting for a slot (this one holds a slot now).
+            load=max(0, self.config.max_concurrent - self._slots.balance - 1),
+            cached=cached is not None,
+        )
+        return Response(
+            status=200,
+            body=answer.model_dump_json().encode(),
+            content_type="application/json",
+            headers={HEADER_EXECUTION: Execution.IN_PROXY.value},
+        )
 
     def _start(
         self,

@@ -2,7 +2,9 @@
 
 A HAPI request is a ``POST`` to the shard's object URL with ``X-Hapi-Request: extract`` (or the
 content type ``application/x-hapi-request+json``) and the ``ExtractRequest`` JSON as its body
-(``container`` and ``shard`` may be left out: the URL names them). The filter
+(``container`` and ``shard`` may be left out: the URL names them); ``X-Hapi-Request: timings``
+with a ``TimingsRequest`` asks for the measured costs of a model's head over the shard's first
+images instead (what the client's ``split="auto"`` needs). The filter
 
 1. checks the envelope (method, object URL, body size, a JSON object at most
    ``MAX_JSON_DEPTH`` deep whose names match the URL) and answers 4xx with a JSON
@@ -15,7 +17,7 @@ content type ``application/x-hapi-request+json``) and the ``ExtractRequest`` JSO
 3. runs the request: ``execution = decoupled`` forwards it with the caller's token to one of
    ``hapi_servers`` (round-robin, skipping those whose ``/healthz`` failed) and streams the
    answer back as it arrives (503 when none is up); ``execution = in_proxy`` runs the
-   extraction in this process's thread pool (see :mod:`swift_middleware.in_proxy`).
+   extraction or the timing in this process's thread pool (see :mod:`swift_middleware.in_proxy`).
 
 Every other request passes through untouched. The filter never forwards a HAPI request down
 the pipeline, so it never writes object metadata (an object POST would replace all of it).
@@ -70,10 +72,12 @@ from swift.common.utils import get_logger
 from hapi_contract import (
     CONTENT_TYPE_FRAMES,
     CONTENT_TYPE_HAPI_REQUEST,
+    EXTRACT_PATH,
     HEADER_AUTH_TOKEN,
     HEADER_EXECUTION,
     HEADER_HAPI_REQUEST,
     HEADER_STORAGE_URL,
+    TIMINGS_PATH,
 )
 from swift_middleware.config import Execution, FilterConfig
 from swift_middleware.errors import HapiResponseError
@@ -148,9 +152,10 @@ class HapiMiddleware:
     def _forward(self, req: Request, hapi: HapiRequest) -> Response:
         assert self.pool is not None
         base = self.config.swift_url or req.host_url
+        timings = hapi.operation == "timings"
         headers = {
             "Content-Type": "application/json",
-            "Accept": f"{CONTENT_TYPE_FRAMES}, application/json",
+            "Accept": "application/json" if timings else f"{CONTENT_TYPE_FRAMES}, application/json",
             HEADER_STORAGE_URL: f"{base}/v1/{quote(hapi.account, safe='')}",
         }
         token = req.headers.get(HEADER_AUTH_TOKEN) or req.headers.get("X-Storage-Token")
@@ -166,6 +171,7 @@ class HapiMiddleware:
             conn_timeout=self.config.conn_timeout,
             node_timeout=self.config.node_timeout,
             retry_after=self.config.retry_after,
+            path=TIMINGS_PATH if timings else EXTRACT_PATH,
         )
         self.logger.debug("HAPI %s -> %s: %d", req.path, upstream.server, upstream.status)
         # eventlet.wsgi buffers writes below 4 KiB; frames should leave as they arrive.

@@ -194,8 +194,9 @@ def forward(
     conn_timeout: float,
     node_timeout: float,
     retry_after: int,
+    path: str = EXTRACT_PATH,
 ) -> UpstreamResponse:
-    """POST ``body`` to ``/v1/extract`` of the next healthy HAPI server and return its answer.
+    """POST ``body`` to ``path`` of the next healthy HAPI server and return its answer.
 
     A server that refuses the connection is marked down and the next one is tried (nothing has
     run there yet); NoHapiServerError when none is left. Once the request went out, a failure
@@ -210,7 +211,7 @@ def forward(
         try:
             assert conn.sock is not None
             conn.sock.settimeout(node_timeout)
-            conn.request("POST", EXTRACT_PATH, body=body, headers=headers)
+            conn.request("POST", path, body=body, headers=headers)
             resp = conn.getresponse()
         except (OSError, http.client.HTTPException) as exc:
             conn.close()

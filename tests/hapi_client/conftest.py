@@ -24,9 +24,10 @@ class ClientEnv:
     test: str
     log_dir: Path
 
-    def client(self, **kwargs: object) -> HapiClient:
+    def client(self, credentials: SwiftCredentials | None = None, **kwargs: object) -> HapiClient:
         kwargs.setdefault("retry", RetryPolicy(attempts=8, backoff_s=0.2, max_backoff_s=2.0))
-        return HapiClient(self.server.url, self.credentials, **kwargs)  # type: ignore[arg-type]
+        creds = credentials or self.credentials
+        return HapiClient(self.server.url, creds, **kwargs)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="session")

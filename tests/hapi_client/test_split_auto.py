@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-import hapi_models
+import dataclasses
+from collections.abc import Iterator
 
-from hapi_client import FeatureDataset, HapiClient
+import hapi_models
+import pytest
+
+from hapi_client import ConfigurationError, FeatureDataset, HapiClient
+from tests.swift_middleware.mw_support import start_proxy
 
 from .conftest import ClientEnv
 
 SMALL = hapi_models.InputTransform(resize=64, crop=64, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
 
 
-def _alexnet(env: ClientEnv, client: HapiClient, split: str) -> FeatureDataset:
+def _alexnet(env: ClientEnv, client: HapiClient, split: str | int) -> FeatureDataset:
     return FeatureDataset(
         client,
         env.train,
@@ -42,12 +47,53 @@ def test_auto_takes_the_fastest_predicted_split(client_env: ClientEnv) -> None:
         assert features.shape[0] == labels.shape[0] == 10
 
 
-def test_thesis_rule_and_fallback_without_server_timings(client_env: ClientEnv) -> None:
+def test_thesis_rule_on_request(client_env: ClientEnv) -> None:
     with client_env.client() as client:
         thesis = _alexnet(client_env, client, "thesis")
         assert thesis.decision.rule == "thesis" and not thesis.decision.predictions
-    # Through the Swift filter there is no server to time the head: Algorithm 2, said so.
+
+
+@pytest.fixture(scope="module")
+def filter_proxy(client_env: ClientEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A proxy of the session's Swift with the HAPI filter in front of the client's server;
+    yields its auth URL."""
+    stack = client_env.stack
+    proxy = start_proxy(
+        stack,
+        tmp_path_factory.mktemp("split-auto-proxy"),
+        {"hapi_servers": client_env.server.url, "swift_url": stack.proxy_url},
+    )
+    try:
+        yield stack.auth_url.replace(stack.proxy_url, proxy.url)
+    finally:
+        proxy.stop()
+
+
+def test_auto_through_the_swift_filter_uses_the_filters_timings(
+    client_env: ClientEnv, filter_proxy: str
+) -> None:
+    creds = dataclasses.replace(client_env.credentials, auth_url=filter_proxy)
+    with client_env.client(credentials=creds, via="swift") as client:
+        ds = _alexnet(client_env, client, "auto")
+        assert ds.decision.rule == "time", ds.decision.reason
+        assert all(t.server_s > 0 for t in ds.decision.predictions[1:])
+        features, _ = next(iter(ds))
+        assert features.shape[0] == 10
+
+
+def test_via_swift_without_the_filter_is_refused_before_any_post(
+    client_env: ClientEnv,
+) -> None:
+    """The session's plain proxy has no HAPI filter: ``auto`` falls back to Algorithm 2 and says
+    why, and an extraction is refused before its POST, which Swift would take for a metadata
+    update of the shard (202, the shard's metadata dropped)."""
     with client_env.client(via="swift") as client:
-        fallback = _alexnet(client_env, client, "auto")
-        assert fallback.decision.rule == "thesis"
-        assert "Swift filter" in fallback.decision.reason
+        ds = _alexnet(client_env, client, "auto")
+        assert ds.decision.rule == "thesis"
+        assert "no HAPI filter" in ds.decision.reason
+        shard = ds.manifest.shards[0].name
+        before = client_env.stack.connection().head_object(client_env.train, shard)
+        with pytest.raises(ConfigurationError, match="no HAPI filter"):
+            next(iter(_alexnet(client_env, client, 3)))
+        after = client_env.stack.connection().head_object(client_env.train, shard)
+        assert after["last-modified"] == before["last-modified"]

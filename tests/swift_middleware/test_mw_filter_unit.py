@@ -51,6 +51,7 @@ class FakeHapi:
     health: int = 200
     extract_status: int = 200
     requests: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
     release_second_chunk: threading.Event = field(default_factory=threading.Event)
 
 
@@ -74,6 +75,7 @@ def fake_hapi(**kwargs: Any) -> Iterator[FakeHapi]:
         def do_POST(self) -> None:  # noqa: N802
             data = self.rfile.read(int(self.headers["Content-Length"]))
             state.requests.append((dict(self.headers.items()), data))
+            state.paths.append(self.path)
             if state.extract_status != 200:
                 body = b'{"detail": "bad split", "code": "invalid_request"}'
                 self.send_response(state.extract_status)
@@ -198,6 +200,20 @@ def test_a_hapi_request_is_forwarded_and_streamed_as_it_comes() -> None:
     assert sent_headers["X-Storage-Url"] == "http://swift:8080/v1/AUTH_test"
 
 
+def test_a_timings_request_goes_to_the_servers_timings_endpoint() -> None:
+    with fake_hapi() as hapi:
+        hapi.release_second_chunk.set()
+        mw = make_filter(Downstream(), hapi_servers=hapi.url)
+        req = hapi_post({"split_index": 3, "samples": 4}, **{"X-Hapi-Request": "timings"})
+        status, _, body = call(mw, req)
+        b"".join(body)
+    assert status == "200 OK"
+    assert hapi.paths == ["/v1/timings"]
+    [(sent_headers, sent)] = hapi.requests
+    assert sent_headers["Accept"] == "application/json"
+    assert json.loads(sent)["samples"] == 4
+
+
 def test_the_storage_url_defaults_to_the_url_the_client_used() -> None:
     with fake_hapi() as hapi:
         hapi.release_second_chunk.set()
@@ -311,7 +327,7 @@ def test_info_advertises_the_filter() -> None:
     filter_factory({}, hapi_servers="http://127.0.0.1:8090", max_body_bytes="2048")
     info = get_swift_info()["hapi"]
     assert info["execution"] == "decoupled"
-    assert info["operations"] == ["extract"]
+    assert info["operations"] == ["extract", "timings"]
     assert info["request_header"] == "X-Hapi-Request"
     assert info["max_body_bytes"] == 2048
     assert "hapi_servers" not in info  # internal addresses only in the admin section

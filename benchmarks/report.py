@@ -532,6 +532,21 @@ def _gars_section(gars: ResultSet, img: str) -> list[str]:
     ]
 
 
+def _startup_section(startup: ResultSet) -> list[str]:
+    rows = startup.rows
+    table = [(f"`{r['command']}`", r["wall_s"], r["peak_rss_mib"], r["runs"]) for r in rows]
+    return [
+        "## Start-up",
+        "",
+        f"Each command in a fresh process, {startup.meta.get('statistic', 'median')} of its runs: the CLI "
+        "answers `--help` and usage errors without importing torch; `import hapi_client` imports torch but "
+        "not torchvision (the server and a model's construction do).",
+        "",
+        markdown_table(("command", "wall s", "peak RSS MiB", "runs"), table),
+        "",
+    ]
+
+
 def _load(results_dir: Path, name: str) -> ResultSet | None:
     if name == "gars":
         import json
@@ -547,11 +562,44 @@ def _load(results_dir: Path, name: str) -> ResultSet | None:
     return load_results(results_dir, name)
 
 
+def _load_note(present: list[ResultSet], loads: list[float], cores: int) -> list[str]:
+    """What the load average says: only the load before the first scenario began tells of other
+    work; later readings also count the benchmarks' own threads (8 requests at once in the
+    adaptation scenario, 10 client processes in tenants)."""
+    if not loads:
+        return []
+    timed = [r for r in present if r.meta.get("started") and r.meta.get("load_average_start")]
+    first = min(timed, key=lambda r: str(r.meta["started"])) if timed else None
+    before = first.meta["load_average_start"][0] if first else max(loads)
+    if before > cores + 0.5:  # our own two busy sides account for `cores`
+        return [
+            f"**Note**: other work was running when the benchmarks began (1-minute load average "
+            f"{before:.1f} on {cores} cores, up to {max(loads):.1f} during the runs), so absolute "
+            "times are inflated and noisy; each row's lower bound and ratio come from the same run.",
+            "",
+        ]
+    return [
+        f"**Load**: 1-minute load average {before:.1f} when the benchmarks began on {cores} cores; "
+        f"up to {max(loads):.1f} during the runs, which counts the benchmarks' own threads (8 "
+        "requests at once in the adaptation scenario, 10 client processes in tenants).",
+        "",
+    ]
+
+
 def write_report(results_dir: Path, out_path: Path) -> Path:
     """Write the Markdown report of ``results_dir`` to ``out_path`` (plots copied beside it)."""
     loaded = {
         name: _load(results_dir, name)
-        for name in ("e2e", "oracle", "split", "tenants", "adaptation", "proxy", "gars")
+        for name in (
+            "e2e",
+            "oracle",
+            "split",
+            "tenants",
+            "adaptation",
+            "proxy",
+            "gars",
+            "startup",
+        )
     }
     present = [r for r in loaded.values() if r is not None]
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -577,13 +625,7 @@ def write_report(results_dir: Path, out_path: Path) -> Path:
         "",
     ]
     cores = present[0].meta.get("machine", {}).get("cores", 1) if present else 1
-    if loads and max(loads) > cores + 0.5:  # our own two busy sides account for `cores`
-        lines += [
-            f"**Note**: other work shared this machine during the runs (1-minute load average up to "
-            f"{max(loads):.1f} on {cores} cores), so absolute times "
-            "are inflated and noisy; each row's lower bound and ratio come from the same run.",
-            "",
-        ]
+    lines += _load_note(present, loads, cores)
     e2e = loaded["e2e"]
     crossover = (e2e.meta.get("regimes", {}).get("alexnet", {}) if e2e else {}).get(
         "crossover_mbit"
@@ -624,5 +666,7 @@ def write_report(results_dir: Path, out_path: Path) -> Path:
         lines += _proxy_section(loaded["proxy"], img)
     if loaded["gars"]:
         lines += _gars_section(loaded["gars"], img)
+    if loaded["startup"]:
+        lines += _startup_section(loaded["startup"])
     out_path.write_text("\n".join(lines).rstrip() + "\n")
     return out_path

@@ -169,3 +169,29 @@ def test_markdown_and_demo_tables() -> None:
     }
     text = format_demo_table([row, {**row, "mode": "baseline", "eval_accuracy": None}])
     assert "HAPI" in text and "13 (freeze 18)" in text and "0.900" in text and "BASELINE" in text
+
+
+def test_the_load_note_blames_other_work_only_for_load_before_the_first_run() -> None:
+    from hapi_bench.report import _load_note
+
+    def run(started: str, start: float, end: float) -> ResultSet:
+        return ResultSet(
+            "x", {"started": started, "load_average_start": [start], "load_average_end": [end]}, []
+        )
+
+    ours = [run("2026-01-01T00:00", 0.6, 1.2), run("2026-01-01T00:10", 1.2, 6.1)]
+    loads = [0.6, 1.2, 1.2, 6.1]
+    [own] = [line for line in _load_note(ours, loads, 2) if line]
+    assert own.startswith("**Load**") and "0.6" in own and "6.1" in own
+    busy = [run("2026-01-01T00:00", 4.0, 4.5), *ours[1:]]
+    [other] = [line for line in _load_note(busy, [4.0, 4.5, 1.2, 6.1], 2) if line]
+    assert other.startswith("**Note**: other work") and "4.0" in other
+
+
+def test_report_has_a_startup_section(tmp_path: Path) -> None:
+    results_dir = tmp_path / "results"
+    startup = ResultSet.start("startup", statistic="median")
+    startup.add({"command": "hapi --help", "runs": 3, "wall_s": 0.5, "peak_rss_mib": 47.0})
+    startup.write(results_dir)
+    text = write_report(results_dir, tmp_path / "results.md").read_text()
+    assert "## Start-up" in text and "| `hapi --help` | 0.5 | 47 | 3 |" in text

@@ -12,8 +12,8 @@ because they both call these functions.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 import hapi_models
 import torch
@@ -38,12 +38,16 @@ from .errors import (
 from .estimates import model_footprint
 from .inputs import check_weights_size
 
+P = ParamSpec("P")
+T = TypeVar("T")
+
 __all__ = [
     "admit_model",
     "build_model",
     "check_weights",
     "extract_headers",
     "input_transform",
+    "raising_server_errors",
     "stream_error",
     "validation_detail",
 ]
@@ -137,6 +141,22 @@ def stream_error(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, torch.OutOfMemoryError | MemoryError | BatchExecutionError):
         return InsufficientMemoryError.status, detail
     return 500, detail
+
+
+def raising_server_errors(work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Run ``work`` (a blocking answer that is not streamed, e.g. a timing); a failure that
+    :func:`stream_error` gives a status of ours raises as that error: an image that does not
+    decode is a 422, memory that ran out a 507, never a 500."""
+    try:
+        return work(*args, **kwargs)
+    except HapiServerError:
+        raise
+    except Exception as exc:
+        status, detail = stream_error(exc)
+        for known in (InvalidShardError, InsufficientMemoryError):
+            if status == known.status:
+                raise known(detail) from exc
+        raise
 
 
 def validation_detail(errors: Sequence[Mapping[str, Any]]) -> str:

@@ -28,13 +28,13 @@ from hapi_contract import TimingsRequest, TimingsResponse
 from hapi_contract.frames import FrameEncoder
 
 from . import extraction
-from .core import input_transform
+from .core import input_transform, raising_server_errors
 from .engine import BatchExecutionError
 from .state import ServerState
 from .swift_io import Caller
-from .timing_cache import TimingKey
+from .timing_cache import LayerTimes, TimingKey
 
-__all__ = ["HeadMeasurement", "measure_head", "time_request"]
+__all__ = ["HeadMeasurement", "measure_head", "time_head", "time_request"]
 
 log = logging.getLogger(__name__)
 
@@ -103,35 +103,63 @@ def measure_head(
     return HeadMeasurement(decode, times, encode, sizes)
 
 
+def time_head(
+    model: hapi_models.SplittableModel,
+    req: TimingsRequest,
+    images: Sequence[bytes],
+    transform: hapi_models.InputTransform,
+    device: torch.device,
+    layer_times: LayerTimes,
+    max_pixels: int,
+    load: int,
+) -> TimingsResponse:
+    """Measure ``req``'s head over ``images`` (a warm-up first when ``layer_times`` knows none
+    for this model and device), refine the known layer times and answer. Blocking: the HAPI
+    server runs it in its executor, the Swift filter's in-proxy execution in its thread pool."""
+    key: TimingKey = (req.model.arch, req.model.num_classes, transform.input_shape, str(device))
+    cached = layer_times.get(key, req.split_index)
+    measured = measure_head(
+        model,
+        req.split_index,
+        images,
+        transform,
+        device,
+        FrameEncoder(dtype=req.output_dtype, compression=req.compression),
+        max_pixels,
+        warm_up=cached is None,
+    )
+    return TimingsResponse(
+        arch=req.model.arch,
+        device=str(device),
+        samples=len(images),
+        decode_s_per_sample=measured.decode_s_per_sample,
+        layer_s_per_sample=layer_times.merge(key, measured.layer_s_per_sample),
+        encode_s_per_sample=measured.encode_s_per_sample,
+        wire_bytes_per_sample=measured.wire_bytes_per_sample,
+        load=load,
+        cached=cached is not None,
+    )
+
+
 async def time_request(state: ServerState, caller: Caller, req: TimingsRequest) -> TimingsResponse:
     """Admit ``req`` as an extraction of its first ``samples`` images, and measure it."""
     prep = await extraction.prepare(state, caller, req.model_copy(update={"b_max": req.samples}))
     status = "200"
     try:
         images = prep.images[: min(req.samples, prep.reservation.batch_size)]
-        device = prep.scheduler.device
-        transform = input_transform(req.transform)
-        key: TimingKey = (
-            req.model.arch,
-            req.model.num_classes,
-            transform.input_shape,
-            device.name,
-        )
-        cached = state.layer_times.get(key, req.split_index)
         run = functools.partial(
-            measure_head,
+            raising_server_errors,
+            time_head,
             prep.model.model,
-            req.split_index,
+            req,
             images,
-            transform,
-            device.torch_device,
-            FrameEncoder(dtype=req.output_dtype, compression=req.compression),
+            input_transform(req.transform),
+            prep.scheduler.device.torch_device,
+            state.layer_times,
             state.settings.max_image_pixels,
-            warm_up=cached is None,
+            max(0, prep.scheduler.load - 1),  # other requests waiting or running
         )
-        measured = await asyncio.get_running_loop().run_in_executor(state.executor, run)
-        layer_times = state.layer_times.merge(key, measured.layer_s_per_sample)
-        load = max(0, prep.scheduler.load - 1)
+        answer = await asyncio.get_running_loop().run_in_executor(state.executor, run)
     except BaseException:
         status = "error"
         raise
@@ -144,18 +172,8 @@ async def time_request(state: ServerState, caller: Caller, req: TimingsRequest) 
         prep.request_id,
         req.model.arch,
         req.split_index,
-        device.name,
-        len(images),
-        "layer times refined" if cached is not None else "layer times measured after a warm-up",
+        answer.device,
+        answer.samples,
+        "layer times refined" if answer.cached else "layer times measured after a warm-up",
     )
-    return TimingsResponse(
-        arch=req.model.arch,
-        device=device.name,
-        samples=len(images),
-        decode_s_per_sample=measured.decode_s_per_sample,
-        layer_s_per_sample=layer_times,
-        encode_s_per_sample=measured.encode_s_per_sample,
-        wire_bytes_per_sample=measured.wire_bytes_per_sample,
-        load=load,
-        cached=cached is not None,
-    )
+    return answer

@@ -39,7 +39,6 @@ from hapi_contract import (
     ExtractRequest,
     ModelRef,
     TimingsRequest,
-    TimingsResponse,
 )
 from swift_middleware.config import Execution, FilterConfig
 from swift_middleware.errors import HapiResponseError
@@ -267,37 +266,23 @@ class InProxyExtractor:
         transform: hapi_models.InputTransform,
     ) -> Response:
         """Time the head over the shard's first images, as the HAPI server's timings do."""
-        from hapi_contract.frames import FrameEncoder
-        from hapi_server.timing import measure_head
+        from hapi_server.core import raising_server_errors
+        from hapi_server.timing import time_head
 
         images, _ = self._read_shard(req, hapi, timing)
         model = self._model(req, hapi.account, timing.model, rt)
-        images = images[: min(timing.samples, self.config.max_batch)]
-        ref = timing.model
-        key = (ref.arch, ref.num_classes, transform.input_shape, str(rt.device))
-        cached = rt.layer_times.get(key, timing.split_index)
-        measured = _in_pool(
-            measure_head,
+        answer = _in_pool(
+            raising_server_errors,
+            time_head,
             model,
-            timing.split_index,
-            images,
+            timing,
+            images[: min(timing.samples, self.config.max_batch)],
             transform,
             rt.device,
-            FrameEncoder(dtype=timing.output_dtype, compression=timing.compression),
+            rt.layer_times,
             self.config.max_image_pixels,
-            warm_up=cached is None,
-        )
-        answer = TimingsResponse(
-            arch=ref.arch,
-            device=str(rt.device),
-            samples=len(images),
-            decode_s_per_sample=measured.decode_s_per_sample,
-            layer_s_per_sample=rt.layer_times.merge(key, measured.layer_s_per_sample),
-            encode_s_per_sample=measured.encode_s_per_sample,
-            wire_bytes_per_sample=measured.wire_bytes_per_sample,
             # Other requests running or waiting for a slot (this one holds a slot now).
-            load=max(0, self.config.max_concurrent - self._slots.balance - 1),
-            cached=cached is not None,
+            max(0, self.config.max_concurrent - self._slots.balance - 1),
         )
         return Response(
             status=200,

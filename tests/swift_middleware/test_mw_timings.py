@@ -5,13 +5,22 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from swiftclient.client import Connection
 
 from hapi_contract import TimingsResponse
-from tests.swift_middleware.mw_support import MwData, ProxyProcess, shard_url
+from tests.hapi_server.conftest import shard_bytes
+from tests.swift_middleware.mw_support import MW_DATA, MwData, ProxyProcess, shard_url
 
 pytestmark = pytest.mark.swift
 
 TIMINGS = {"X-Hapi-Request": "timings"}
+CORRUPT = "shards/corrupt-body.tar"
+
+
+@pytest.fixture(params=["decoupled", "in_proxy"])
+def execution(request: pytest.FixtureRequest) -> tuple[str, ProxyProcess]:
+    """Each execution of the filter, with its proxy."""
+    return request.param, request.getfixturevalue(f"{request.param}_proxy")
 
 
 def _timings(proxy: ProxyProcess, body: dict[str, object], token: str | None) -> httpx.Response:
@@ -19,18 +28,15 @@ def _timings(proxy: ProxyProcess, body: dict[str, object], token: str | None) ->
     return httpx.post(shard_url(proxy), json=body, headers=headers, timeout=180)
 
 
-@pytest.mark.parametrize("execution", ["decoupled", "in_proxy"])
 def test_the_filter_answers_timings_of_every_layer_up_to_the_split(
-    execution: str,
-    decoupled_proxy: ProxyProcess,
-    in_proxy_proxy: ProxyProcess,
+    execution: tuple[str, ProxyProcess],
     mw_data: MwData,
 ) -> None:
-    proxy = decoupled_proxy if execution == "decoupled" else in_proxy_proxy
+    kind, proxy = execution
     body = {**mw_data.body("alexnet", 6), "samples": 2}
     first = _timings(proxy, body, mw_data.token)
     assert first.status_code == 200, first.text
-    assert first.headers["x-hapi-execution"] == execution
+    assert first.headers["x-hapi-execution"] == kind
     got = TimingsResponse.model_validate_json(first.content)
     assert got.arch == "alexnet" and got.samples == 2
     assert len(got.layer_s_per_sample) == len(got.wire_bytes_per_sample) == 6
@@ -44,17 +50,32 @@ def test_the_filter_answers_timings_of_every_layer_up_to_the_split(
     )
 
 
-@pytest.mark.parametrize("execution", ["decoupled", "in_proxy"])
 def test_timings_are_authorised_and_checked_like_an_extraction(
-    execution: str,
-    decoupled_proxy: ProxyProcess,
-    in_proxy_proxy: ProxyProcess,
+    execution: tuple[str, ProxyProcess],
     mw_data: MwData,
 ) -> None:
-    proxy = decoupled_proxy if execution == "decoupled" else in_proxy_proxy
+    _, proxy = execution
     body = {**mw_data.body("alexnet", 3), "samples": 2}
     assert _timings(proxy, body, None).status_code == 401
     assert _timings(proxy, body, mw_data.other_token).status_code == 403
     bad = _timings(proxy, {**body, "samples": 0}, mw_data.token)
     assert bad.status_code == 422, bad.text
     assert bad.json()["code"] == "invalid_request"
+
+
+def test_an_image_that_does_not_decode_is_a_422_not_a_500(
+    execution: tuple[str, ProxyProcess],
+    mw_data: MwData,
+    swift_conn: Connection,
+) -> None:
+    """Headers that parse, a body that does not: the shard passes its checks, the decode fails."""
+    good = mw_data.images[0]
+    broken = good[:200] + bytes(len(good) - 200)
+    swift_conn.put_object(MW_DATA, CORRUPT, shard_bytes([broken, good], [0, 1]))
+    _, proxy = execution
+    body = {**mw_data.body("alexnet", 3), "samples": 2}
+    headers = {**TIMINGS, "X-Auth-Token": mw_data.token}
+    url = shard_url(proxy, obj=CORRUPT)
+    got = httpx.post(url, json=body, headers=headers, timeout=180)
+    assert got.status_code == 422, got.text
+    assert got.json()["code"] == "invalid_shard"

@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .agent import AgentProcess, StackInfo, StorageControl, StorageSide
-    from .data import MODELS_CONTAINER, DatasetReady, ensure_dataset, ensure_models, photos_spec
+    from .data import (
+        MODELS_CONTAINER,
+        DatasetReady,
+        ensure_dataset,
+        ensure_models,
+        ensure_photos_and_models,
+        photos_spec,
+    )
     from .demo import DemoConfig, demo_job, format_demo_table
     from .errors import AgentError, BenchError, ScenarioError, ShapingError
     from .instrument import ClientProbe, ExtractRecord, LowerBound, Sample, Sampler, lower_bound
@@ -80,6 +87,7 @@ _LAZY: dict[str, str] = {
     "ThrottleLink": "shaping",
     "demo_job": "demo",
     "ensure_dataset": "data",
+    "ensure_photos_and_models": "data",
     "ensure_models": "data",
     "format_demo_table": "demo",
     "host_testbed": "testbed",
@@ -137,6 +145,7 @@ __all__ = [
     "ThrottleLink",
     "demo_job",
     "ensure_dataset",
+    "ensure_photos_and_models",
     "ensure_models",
     "format_demo_table",
     "host_testbed",

@@ -12,12 +12,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from swiftclient.client import Connection
 
 from hapi_client import StoredModel, upload_model
 from hapi_client.datasets import DatasetError, get_source, load_manifest, sync_dataset
 from hapi_contract import DatasetManifest
+
+if TYPE_CHECKING:
+    from .testbed import Testbed
 
 __all__ = ["MODELS_CONTAINER", "DatasetReady", "ensure_dataset", "ensure_models", "photos_spec"]
 
@@ -75,3 +79,17 @@ def ensure_models(conn: Connection, archs: list[str]) -> dict[str, StoredModel]:
         stored[arch], uploaded = upload_model(conn, arch, container=MODELS_CONTAINER)
         log.info("model %s %s", stored[arch].name, "uploaded" if uploaded else "already stored")
     return stored
+
+
+def ensure_photos_and_models(
+    testbed: Testbed, per_class: int, container: str, shard_size: int, archs: list[str]
+) -> tuple[DatasetReady, dict[str, StoredModel]]:
+    """The training photos and the models' weights in the testbed's Swift, over an unshaped link
+    (the set-up every scenario on photos shares)."""
+    testbed.set_rate(None)
+    conn = testbed.connection()
+    try:
+        data = ensure_dataset(conn, photos_spec("train", per_class), container, shard_size)
+        return data, ensure_models(conn, archs)
+    finally:
+        conn.close()

@@ -458,13 +458,13 @@ def _oom_sentence(rows: list[dict[str, Any]]) -> str:
     )
     with_ba = sum(r["oom_failures"] for r in rows if r["adaptation"])
     off = (
-        "Without BA no request ran out of memory at any point."
+        "Without BA no request ran out of memory at any point"
         if first_off is None
         else f"Without BA, requests ran out of memory from {first_off} parallel requests on, "
-        "as in the thesis;"
+        "as in the thesis"
     )
-    on = "with BA none did." if with_ba == 0 else f"with BA {with_ba} did."
-    return f"{off} {on[0].upper() + on[1:] if first_off is None else on}"
+    on = "none did" if with_ba == 0 else f"{with_ba} did"
+    return f"{off}; with BA {on}."
 
 
 def _proxy_section(proxy: ResultSet, img: str) -> list[str]:

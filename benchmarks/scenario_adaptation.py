@@ -48,7 +48,7 @@ from hapi_client import StoredModel
 from hapi_contract import API_PREFIX, ExtractRequest, FrameError, RemoteStreamError, TransformSpec
 from hapi_contract.frames import FrameDecoder
 
-from .data import DatasetReady, ensure_dataset, ensure_models, photos_spec
+from .data import DatasetReady, ensure_photos_and_models
 from .errors import ScenarioError
 from .plots import plot_adaptation
 from .results import ResultSet
@@ -367,15 +367,10 @@ def run_adaptation(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
     counts = (1, 4, 6, 7, 8) if quick else (1, 2, 3, 4, 5, 6, 7, 8)
     weights = _weights_bytes(ARCH)
     pid = _start(testbed, False, None, weights)
-    testbed.set_rate(None)
-    conn = testbed.connection()
-    try:
-        data = ensure_dataset(
-            conn, photos_spec("train", SHARD // 10), f"bench-adapt-{SHARD}", SHARD
-        )
-        stored = ensure_models(conn, [ARCH])[ARCH]
-    finally:
-        conn.close()
+    data, models = ensure_photos_and_models(
+        testbed, SHARD // 10, f"bench-adapt-{SHARD}", SHARD, [ARCH]
+    )
+    stored = models[ARCH]
     shard = data.manifest.shards[0].name
     requester = _Requester(testbed, stored, data.container, shard)
     requester.fire(8, split_index=1)  # loads the weights and starts every worker thread

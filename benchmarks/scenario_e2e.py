@@ -25,7 +25,7 @@ import hapi_models
 
 from hapi_client.finetune import Mode
 
-from .data import ensure_dataset, ensure_models, photos_spec
+from .data import ensure_photos_and_models
 from .plots import plot_e2e
 from .regime import measure_regime
 from .results import ResultSet
@@ -111,18 +111,9 @@ def run_e2e(testbed: Testbed, out_dir: str, quick: bool = True, tiny: bool = Fal
     print(f"[e2e] grid: {grid.note}; training batch {grid.batch_size}", flush=True)
     out = Path(out_dir)
     testbed.start_stack()
-    testbed.set_rate(None)
-    conn = testbed.connection()
-    try:
-        train = ensure_dataset(
-            conn,
-            photos_spec("train", grid.per_class),
-            f"bench-photos-{grid.per_class}",
-            grid.shard_size,
-        )
-        stored = ensure_models(conn, grid.models)
-    finally:
-        conn.close()
+    train, stored = ensure_photos_and_models(
+        testbed, grid.per_class, f"bench-photos-{grid.per_class}", grid.shard_size, grid.models
+    )
     print(f"[e2e] {train.describe()}", flush=True)
     warm_server(testbed, list(stored.values()), train.container, train.manifest)
     regimes = {}

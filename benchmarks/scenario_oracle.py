@@ -25,7 +25,7 @@ from typing import Any
 
 from hapi_client import FinetuneResult, StoredModel
 
-from .data import DatasetReady, ensure_dataset, ensure_models, photos_spec
+from .data import DatasetReady, ensure_photos_and_models
 from .results import ResultSet
 from .runs import RunSpec, measured_finetune, warm_server
 from .shaping import LinkCheck
@@ -106,15 +106,9 @@ def run_oracle(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
     per_class = 20 if quick else 40
     out = Path(out_dir)
     testbed.start_stack()
-    testbed.set_rate(None)
-    conn = testbed.connection()
-    try:
-        train = ensure_dataset(
-            conn, photos_spec("train", per_class), f"bench-photos-{per_class}", BATCH
-        )
-        stored = ensure_models(conn, list(MODELS))
-    finally:
-        conn.close()
+    train, stored = ensure_photos_and_models(
+        testbed, per_class, f"bench-photos-{per_class}", BATCH, list(MODELS)
+    )
     print(f"[oracle] {train.describe()}; batch {BATCH}; rates {rates} Mbit/s", flush=True)
     warm_server(testbed, list(stored.values()), train.container, train.manifest)
     results = ResultSet.start(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from .data import ensure_dataset, ensure_models, photos_spec
+from .data import ensure_photos_and_models
 from .plots import plot_proxy
 from .results import ResultSet
 from .runs import RunSpec, measured_finetune, warm_server
@@ -53,13 +53,7 @@ def run_proxy(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
     in_proxy = {"hapi": {"execution": "in_proxy", "torch_threads": cores, "max_concurrent": cores}}
     for execution, filters in (("decoupled", {}), ("in_proxy", in_proxy)):
         testbed.start_stack(proxy_extra_filters=filters)
-        testbed.set_rate(None)
-        conn = testbed.connection()
-        try:
-            data = ensure_dataset(conn, photos_spec("train", 10), "bench-proxy-50", 50)
-            stored = ensure_models(conn, archs)
-        finally:
-            conn.close()
+        data, stored = ensure_photos_and_models(testbed, 10, "bench-proxy-50", 50, archs)
         warm_server(testbed, list(stored.values()), data.container, data.manifest, via="swift")
         testbed.set_rate(RATE_MBIT)
         check = testbed.measure_link()

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .data import ensure_dataset, ensure_models, photos_spec
+from .data import ensure_photos_and_models
 from .instrument import Sampler
 from .plots import plot_tenants
 from .results import ResultSet
@@ -91,15 +91,9 @@ def run_tenants(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
     testbed.start_stack(
         settings={"cpu_memory_budget_bytes": BUDGET_BYTES, "max_concurrent_per_device": 8}
     )
-    testbed.set_rate(None)
-    conn = testbed.connection()
-    try:
-        data = ensure_dataset(
-            conn, photos_spec("train", SHARD // 10), f"bench-tenants-{SHARD}", SHARD
-        )
-        stored = ensure_models(conn, list(TENANT_MODELS))
-    finally:
-        conn.close()
+    data, stored = ensure_photos_and_models(
+        testbed, SHARD // 10, f"bench-tenants-{SHARD}", SHARD, list(TENANT_MODELS)
+    )
     warm_server(testbed, list(stored.values()), data.container, data.manifest)
     testbed.set_rate(RATE_MBIT)
     check = testbed.measure_link()

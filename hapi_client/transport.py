@@ -116,10 +116,10 @@ class HapiTransport:
         and drops the shard's metadata. A proxy that hides ``/info`` cannot be checked; its
         answer then says what it is.
         """
-        ops = self._filter_operations(storage_url)
+        base = storage_url.split("/v1/", 1)[0]
+        ops = self._filter_operations(base)
         if ops is None or what in ops:
             return
-        base = storage_url.split("/v1/", 1)[0]
         if not ops:
             raise ConfigurationError(
                 f"the Swift proxy at {base} has no HAPI filter (its /info lists none): "
@@ -130,12 +130,11 @@ class HapiTransport:
             "it is older than this client"
         )
 
-    def _filter_operations(self, storage_url: str) -> tuple[str, ...] | None:
-        """The operations the proxy's HAPI filter advertises (``()``: no filter), read once from
-        its ``/info``; None when that cannot be read (hidden, or the proxy is down now)."""
+    def _filter_operations(self, base: str) -> tuple[str, ...] | None:
+        """The operations the HAPI filter of the proxy at ``base`` advertises (``()``: no filter),
+        read once from its ``/info``; None when that cannot be read (hidden, or down now)."""
         if self._filter_ops is not None:
             return self._filter_ops
-        base = storage_url.split("/v1/", 1)[0]
         try:
             resp = self._http.get(f"{base}/info", timeout=10.0)
             info = resp.json() if resp.status_code == 200 else None

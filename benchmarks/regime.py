@@ -8,7 +8,7 @@ the regime HAPI is for (it ships less than the stored image and moves compute ne
 storage). Above it both modes are bound by compute, and what HAPI can gain is what the server's
 share of the work takes off the client.
 
-The client's compute is measured, not assumed: :func:`hapi_client.costs.measure_client_costs`
+The client's compute is measured, not assumed: :func:`hapi_client.planning.measure_client_costs`
 on the client's own cores, over the dataset's own first images.
 """
 
@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from hapi_client import StoredModel
-from hapi_client.costs import measure_client_costs
 from hapi_client.model_store import download_model
+from hapi_client.planning import measure_client_costs
 from hapi_contract import DatasetManifest, images_in_prefix
 
 from .testbed import Testbed

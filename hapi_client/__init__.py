@@ -30,9 +30,9 @@ from .model_store import (
     resolve_model,
     upload_model,
 )
+from .planning import SplitDecision, choose_split_index, plan_split
 from .preparation import PreparedModel, prepare_model
 from .retry import DEFAULT_RETRY_BUDGET_S
-from .split import SplitDecision, choose_split_index
 from .swift_session import DEFAULT_AUTH_URL, SwiftCredentials, SwiftSession
 from .throttle import TokenBucket
 from .transport import HapiTransport, RetryPolicy, ShardFeatures
@@ -52,6 +52,7 @@ __all__ = [
     "PreparedModel",
     "VerificationError",
     "prepare_model",
+    "plan_split",
     "FinetuneResult",
     "HapiClient",
     "HapiClientError",

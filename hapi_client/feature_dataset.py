@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -39,21 +39,13 @@ from hapi_contract import (
     OutputDtype,
 )
 
-from .costs import PipelineCosts
 from .errors import ConfigurationError
 from .feature_cache import FeatureCache
 from .model_store import StoredModel
 from .pipeline import EpochCounters, ShardLoader, iterate_batches, plan_epoch, rank_share
-from .preparation import (
-    PreparedModel,
-    SplitChoice,
-    cos_batch_cap,
-    decide_split,
-    prepare_model,
-    split_costs,
-)
+from .planning import PipelineCosts, SplitChoice, SplitDecision, plan_split
+from .preparation import PreparedModel, cos_batch_cap, prepare_model
 from .shard_loaders import PushdownVerifier, make_shard_loader
-from .split import SplitDecision
 
 if TYPE_CHECKING:
     from .client import HapiClient
@@ -143,7 +135,9 @@ class FeatureDataset(IterableDataset[Batch]):
     ``num_workers=0`` (the dataset prefetches on its own threads). After an epoch ends the next
     iteration starts the next epoch; :meth:`set_epoch` sets it explicitly, as with
     ``DistributedSampler``. :meth:`state_dict` / :meth:`load_state_dict` resume in the middle of
-    an epoch with nothing lost or repeated (``torchdata``'s ``StatefulDataLoader`` calls them).
+    an epoch with nothing lost or repeated (``torchdata``'s ``StatefulDataLoader`` calls them):
+    the resumed epoch ends on the split it was saved with, and the next epoch's split is
+    planned afresh, as a new dataset's would be.
     """
 
     def __init__(
@@ -221,7 +215,9 @@ class FeatureDataset(IterableDataset[Batch]):
         )
         self._split_choice: SplitChoice = 0 if mode == "baseline" else split
         self._costs: PipelineCosts | None = None
-        self.decision = self._decide()
+        # Resumed on a saved split other than the planned one: plan afresh at the next epoch.
+        self._replan = False
+        self.decision = self._plan()
         self._epoch = 0
         self._position = 0  # batches of the current epoch already yielded
         self._locals: weakref.WeakSet[LocalModel] = weakref.WeakSet()
@@ -297,7 +293,11 @@ class FeatureDataset(IterableDataset[Batch]):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: the next iteration continues the saved epoch after its last yielded batch."""
+        """Resume: the next iteration continues the saved epoch after its last yielded batch.
+
+        The rest of that epoch streams at the saved split (the features already delivered came
+        from it); at the next epoch boundary the split is planned as for a new dataset.
+        """
         if state.get("version") != _STATE_VERSION:
             raise ConfigurationError(
                 f"unknown FeatureDataset state version {state.get('version')!r}"
@@ -309,9 +309,25 @@ class FeatureDataset(IterableDataset[Batch]):
                     f"the saved state has {key}={state.get(key)!r} where this dataset has "
                     f"{mine[key]!r}: it belongs to another run"
                 )
-        if state["split_index"] != self.split_index:
-            self._split_choice = state["split_index"]
-            self.decision = self._decide()
+        saved = int(state["split_index"])
+        if saved != self.split_index:
+            # The saved epoch's batches so far came from split ``saved``: the rest of it comes
+            # from there too; the next epoch is planned like a fresh dataset's.
+            if not 0 <= saved <= self.freeze_index:
+                raise ConfigurationError(
+                    f"the saved split {saved} is not in [0, freeze index {self.freeze_index}]"
+                )
+            self.decision = SplitDecision(
+                saved,
+                f"resumed in epoch {state['epoch']} on its saved split (planned afresh at the "
+                "next epoch boundary)",
+                0.0,
+                0.0,
+                0.0,
+                (),
+                "forced",
+            )
+            self._replan = True
             self._follow_split()
         self._epoch = int(state["epoch"])
         self._position = int(state["batches_done"])
@@ -385,78 +401,32 @@ class FeatureDataset(IterableDataset[Batch]):
             verifier=self.verifier,
         )
 
-    def _decide(self) -> SplitDecision:
-        choice = self._split_choice
-        if choice in ("auto", "thesis") and self._collective and self.world_size > 1:
-            return self._agree(lambda: self._decide_here(choice))
-        return self._decide_here(choice)
-
-    def _decide_here(self, choice: SplitChoice) -> SplitDecision:
-        if choice == "auto" and self._costs is None:
-            # Measured once per run; a re-decision at an epoch boundary reuses them.
-            self._costs = split_costs(
-                self.client,
-                self.prepared,
-                self.container,
-                output_dtype=self.output_dtype,
-                compression=self.compression,
-                b_max=self.b_max,
-            )
-        bandwidth = self.client.bandwidth.bytes_per_s
-        if choice in ("auto", "thesis") and bandwidth is None:
-            if self._costs is not None and self._costs.probed_bytes_per_s is not None:
-                # A read too small to time on its own does not move the moving estimate yet.
-                bandwidth = self._costs.probed_bytes_per_s
-            else:
-                probed = self.client.swift.probe(self.container, self.manifest.shards[0].name)
-                bandwidth = self.client.bandwidth.bytes_per_s or probed
-        return decide_split(
-            self.prepared.profile,
-            self.manifest,
-            self.batch_size,
-            bandwidth,
-            self.freeze_index,
-            self.output_dtype,
-            choice,
-            self._costs,
+    def _plan(self, current: SplitDecision | None = None) -> SplitDecision:
+        plan = plan_split(
+            self.client,
+            self.prepared,
+            self.container,
+            self._split_choice,
+            batch_size=self.batch_size,
+            output_dtype=self.output_dtype,
+            compression=self.compression,
+            b_max=self.b_max,
+            costs=self._costs,
+            current=current,
+            rank=self.rank,
+            collective=self._collective and self.world_size > 1,
         )
-
-    def _agree(self, decide: Callable[[], SplitDecision]) -> SplitDecision:
-        """Rank 0's decision, broadcast (as a tensor: nothing is pickled) to every rank."""
-        dist = torch.distributed
-        decision = decide() if self.rank == 0 else None
-        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        index = torch.tensor([decision.split_index if decision else -1], device=device)
-        dist.broadcast(index, src=0)
-        if decision is not None:
-            return decision
-        return SplitDecision(int(index[0]), "rank 0's choice", 0.0, 0.0, 0.0, ())
+        # Measured once per run; a re-plan at an epoch boundary reuses them.
+        self._costs = plan.costs or self._costs
+        return plan.decision
 
     def _maybe_resplit(self) -> None:
-        if self._split_choice not in ("auto", "thesis"):
-            return
-        if self._collective and self.world_size > 1:  # every rank takes part, rank 0 decides
-            new = self._agree(self._resplit_here)
-        else:
-            new = self._resplit_here()
-        self._adopt(new)
-
-    def _resplit_here(self) -> SplitDecision:
-        bandwidth = self.client.bandwidth.bytes_per_s
-        if bandwidth is None or not self.client.bandwidth.drifted(self.decision.budget_bytes):
-            return self.decision
-        return self._decide_here(self._split_choice)
-
-    def _adopt(self, new: SplitDecision) -> None:
-        bandwidth = self.client.bandwidth.bytes_per_s or 0.0
-        if new.split_index != self.split_index:
-            log.info(
-                "bandwidth drifted to %.1f Mbit/s: split %d -> %d",
-                bandwidth * 8e-6,
-                self.split_index,
-                new.split_index,
-            )
-        self.decision = new
+        """At an epoch boundary: plan afresh after a resumption, else re-plan on a drift."""
+        if self._replan:
+            self._replan = False
+            self.decision = self._plan()
+        elif self._split_choice in ("auto", "thesis"):
+            self.decision = self._plan(current=self.decision)
         self._follow_split()
 
     def _follow_split(self) -> None:

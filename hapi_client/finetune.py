@@ -36,8 +36,8 @@ from .errors import ConfigurationError
 from .feature_dataset import FeatureDataset, LocalModel
 from .metrics import EpochSummary
 from .model_store import StoredModel
-from .preparation import PreparedModel, SplitChoice, prepare_model
-from .split import SplitDecision
+from .planning import SplitChoice, SplitDecision
+from .preparation import PreparedModel, prepare_model
 
 if TYPE_CHECKING:
     from .client import HapiClient

@@ -1,8 +1,9 @@
-"""What every way of training through HAPI sets up first: the model, its transform, freeze and split.
+"""What every way of training through HAPI sets up first: the model, its transform and freeze.
 
 One place for it, so that the feature dataset, the :func:`~hapi_client.finetune.run_finetune`
 recipe and the multi-worker trainer resolve the stored model, rescale the input transform,
-check the freeze index, size the classifier, profile the model and choose the split the same way.
+check the freeze index, size the classifier and profile the model the same way (and then plan
+the split the same way: :func:`hapi_client.planning.plan_split`).
 """
 
 from __future__ import annotations
@@ -11,46 +12,21 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import hapi_models
-import torch
 
-from hapi_contract import (
-    Compression,
-    DatasetManifest,
-    OutputDtype,
-    ProfileSpec,
-    profile_to_spec,
-    wire_itemsize,
-)
+from hapi_contract import DatasetManifest, ProfileSpec, profile_to_spec
 
-from .costs import PipelineCosts, measure_pipeline_costs
 from .errors import ConfigurationError
 from .model_store import StoredModel, download_model, resolve_model
-from .split import SplitDecision, choose_split_index
-from .split_time import choose_split_by_time
 
 if TYPE_CHECKING:
     from .client import HapiClient
 
-__all__ = [
-    "PreparedModel",
-    "SPLIT_RULES",
-    "SplitChoice",
-    "cos_batch_cap",
-    "decide_split",
-    "prepare_model",
-    "rescale_transform",
-    "split_costs",
-]
+__all__ = ["PreparedModel", "cos_batch_cap", "prepare_model", "rescale_transform"]
 
 log = logging.getLogger(__name__)
-
-#: ``"auto"`` (predicted time per iteration, :mod:`hapi_client.split_time`), ``"thesis"``
-#: (thesis Algorithm 2 on the measured bandwidth), ``"freeze"`` (the freeze index) or an index.
-SplitChoice = int | Literal["auto", "thesis", "freeze"]
-SPLIT_RULES = ("auto", "thesis", "freeze")
 
 
 @dataclass
@@ -124,78 +100,4 @@ def prepare_model(
     log.info("%s: profiled in %.1f ms", stored.arch, seconds * 1e3)
     return PreparedModel(
         stored, manifest, net, transform, freeze, classes, prof, profile_to_spec(prof), seconds
-    )
-
-
-def decide_split(
-    prof: hapi_models.ModelProfile,
-    manifest: DatasetManifest,
-    batch_size: int,
-    bandwidth: float | None,
-    freeze: int,
-    output_dtype: OutputDtype,
-    split: SplitChoice | str,
-    costs: PipelineCosts | None = None,
-) -> SplitDecision:
-    """The split for ``split`` = ``"auto"`` (the fastest predicted from ``costs`` and
-    ``bandwidth``; Algorithm 2 when the server's costs are missing), ``"thesis"`` (Algorithm 2
-    on ``bandwidth``), ``"freeze"`` or an index in ``[0, freeze]``."""
-    if split == "freeze":
-        return SplitDecision(freeze, "forced to the freeze index", 0.0, 0.0, 0.0, (), "forced")
-    if isinstance(split, int) and not isinstance(split, bool):
-        if not 0 <= split <= freeze:
-            raise ConfigurationError(f"split index {split} must be in [0, freeze index {freeze}]")
-        return SplitDecision(split, "forced by the caller", 0.0, 0.0, 0.0, (), "forced")
-    if split not in ("auto", "thesis"):
-        raise ConfigurationError(
-            f"split must be 'auto', 'thesis', 'freeze' or an index, got {split!r}"
-        )
-    if bandwidth is None:
-        raise ConfigurationError(f"split={split!r} needs a bandwidth estimate (probe Swift first)")
-    if split == "auto" and costs is not None and costs.server is not None:
-        return choose_split_by_time(
-            costs.server,
-            costs.client,
-            manifest.mean_shard_bytes_per_sample,
-            batch_size,
-            bandwidth,
-            freeze,
-        )
-    decision = choose_split_index(
-        prof,
-        manifest.mean_shard_bytes_per_sample,
-        batch_size,
-        bandwidth,
-        freeze,
-        wire_bytes_per_element=wire_itemsize(output_dtype),
-    )
-    if split == "auto":
-        why = costs.server_missing if costs is not None else "no measured costs"
-        decision = dataclasses.replace(decision, reason=f"{why}; Algorithm 2: {decision.reason}")
-    return decision
-
-
-def split_costs(
-    client: HapiClient,
-    prepared: PreparedModel,
-    container: str,
-    *,
-    output_dtype: OutputDtype,
-    compression: Compression,
-    b_max: int,
-    device: torch.device | None = None,
-) -> PipelineCosts:
-    """What ``split="auto"`` needs measured: the costs of every split (and, on the way, the
-    bandwidth, when it is not known yet). ``device``: where training runs (default: CUDA when
-    there is one)."""
-    if device is None:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return measure_pipeline_costs(
-        client,
-        prepared,
-        container,
-        output_dtype=output_dtype,
-        compression=compression,
-        device=device,
-        b_max=b_max,
     )

@@ -1,8 +1,9 @@
 """Setting up one rank: device, backend, credentials, and the replica of the model it trains.
 
 Every rank prepares the same model (:func:`~hapi_client.preparation.prepare_model`), rank 0
-decides the split from its measured bandwidth and broadcasts it, and rank 0's trainable
-parameters and buffers are broadcast so that all replicas start identical.
+plans the split and broadcasts it (:func:`~hapi_client.planning.plan_split`, as the feature
+dataset does), and rank 0's trainable parameters and buffers are broadcast so that all replicas
+start identical.
 """
 
 from __future__ import annotations
@@ -21,13 +22,8 @@ from hapi_contract import Compression, DatasetManifest, OutputDtype, ProfileSpec
 
 from ..client import HapiClient
 from ..model_store import StoredModel
-from ..preparation import (
-    PreparedModel,
-    cos_batch_cap,
-    decide_split,
-    prepare_model,
-    split_costs,
-)
+from ..planning import plan_split
+from ..preparation import cos_batch_cap, prepare_model
 from ..swift_session import DEFAULT_AUTH_URL, SwiftCredentials
 from .config import DistributedConfig
 from .errors import DistributedConfigError
@@ -165,7 +161,24 @@ def setup_replica(
         eval_manifest = client.manifest(cfg.eval_container)
     freeze = prepared.freeze_index
     dtype = OutputDtype(cfg.output_dtype)
-    split = _agree_on_split(client, cfg, rank, prepared, device, dtype)
+    split = 0
+    if cfg.mode != "baseline":
+        plan = plan_split(
+            client,
+            prepared,
+            cfg.container,
+            cfg.split,
+            batch_size=cfg.batch_size,
+            output_dtype=dtype,
+            compression=Compression(cfg.compression),
+            b_max=cos_batch_cap(prepared.manifest, cfg.b_max),
+            device=device,
+            rank=rank,
+            collective=True,
+        )
+        split = plan.decision.split_index
+        if rank == 0:
+            log.info("split %d: %s", split, plan.decision.reason)
     net = prepared.net.to(device)
     hapi_models.prepare_for_finetuning(net, freeze)
     trainable = net.tail(freeze)
@@ -192,49 +205,3 @@ def setup_replica(
         buffers=buffers,
         optimizer=cfg.optimizer_config().build(params),
     )
-
-
-def _agree_on_split(
-    client: HapiClient,
-    cfg: DistributedConfig,
-    rank: int,
-    prepared: PreparedModel,
-    device: torch.device,
-    dtype: OutputDtype,
-) -> int:
-    """Rank 0 decides the split (from its measured costs and bandwidth); every rank uses it."""
-    choice = torch.zeros(1, dtype=torch.int64)
-    if rank == 0:
-        if cfg.mode == "baseline":
-            choice[0] = 0
-        else:
-            costs = None
-            if cfg.split == "auto":
-                costs = split_costs(
-                    client,
-                    prepared,
-                    cfg.container,
-                    output_dtype=dtype,
-                    compression=Compression(cfg.compression),
-                    b_max=cos_batch_cap(prepared.manifest, cfg.b_max),
-                    device=device,
-                )
-            elif cfg.split == "thesis" and client.bandwidth.bytes_per_s is None:
-                client.swift.probe(cfg.container, prepared.manifest.shards[0].name)
-            bandwidth = client.bandwidth.bytes_per_s
-            if bandwidth is None and costs is not None:
-                bandwidth = costs.probed_bytes_per_s
-            decision = decide_split(
-                prepared.profile,
-                prepared.manifest,
-                cfg.batch_size,
-                bandwidth,
-                prepared.freeze_index,
-                dtype,
-                cfg.split,
-                costs,
-            )
-            log.info("split %d: %s", decision.split_index, decision.reason)
-            choice[0] = decision.split_index
-    dist.broadcast(choice, src=0)
-    return int(choice[0])

@@ -9,9 +9,8 @@ import hapi_models
 import pytest
 
 from hapi_client import ConfigurationError, FeatureDataset, HapiClient
+from tests.hapi_client.conftest import ClientEnv
 from tests.swift_middleware.mw_support import start_proxy
-
-from .conftest import ClientEnv
 
 SMALL = hapi_models.InputTransform(resize=64, crop=64, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
 
@@ -97,3 +96,33 @@ def test_via_swift_without_the_filter_is_refused_before_any_post(
             next(iter(_alexnet(client_env, client, 3)))
         after = client_env.stack.connection().head_object(client_env.train, shard)
         assert after["last-modified"] == before["last-modified"]
+
+
+def test_a_resumed_auto_dataset_ends_its_epoch_on_the_saved_split_then_plans_afresh(
+    client_env: ClientEnv,
+) -> None:
+    """``load_state_dict`` pins the saved split for the rest of the saved epoch only: the
+    features already delivered came from it, the next epoch is planned as a new dataset's."""
+    with client_env.client() as client:
+        planned = _alexnet(client_env, client, "auto").split_index
+        saved = 2 if planned != 2 else 5
+        before = _alexnet(client_env, client, saved)
+        batches = iter(before)
+        head = [next(batches), next(batches)]
+        state = before.state_dict()
+        assert state["split_index"] == saved and state["batches_done"] == len(head)
+        rest = [(x.shape, y.tolist()) for x, y in batches]
+
+        resumed = _alexnet(client_env, client, "auto")
+        model = resumed.local_model()
+        resumed.load_state_dict(state)
+        resumed.set_epoch(0)
+        assert resumed.split_index == model.split == saved
+        assert [(x.shape, y.tolist()) for x, y in resumed] == rest
+        assert resumed.epoch == 1
+
+        features, _ = next(iter(resumed))  # the next epoch: planned afresh
+        assert resumed.decision.rule == "time", resumed.decision.reason
+        assert model.split == resumed.split_index
+        assert resumed.state_dict()["split_index"] == resumed.split_index
+        assert features.shape[0] == 10

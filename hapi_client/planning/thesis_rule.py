@@ -1,6 +1,6 @@
 """The thesis' split rule: Algorithm 2, made precise (``split="thesis"``).
 
-HAPI's default rule predicts time instead (:mod:`hapi_client.split_time`); this one stays, under
+HAPI's default rule predicts time instead (:mod:`hapi_client.planning.time_rule`); this one stays, under
 its own name, as the thesis states it, with one fix to its fallback (below).
 
 As DESIGN.md states it (digest D1, D2):
@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from .errors import ConfigurationError
+from ..errors import ConfigurationError
+from .decision import SplitDecision
 
-if TYPE_CHECKING:
-    from .split_time import StageTimes
+__all__ = ["ProfileLike", "choose_split_index"]
 
 log = logging.getLogger(__name__)
 
@@ -40,23 +39,6 @@ class _Layer(Protocol):
 class ProfileLike(Protocol):
     @property
     def layers(self) -> Sequence[_Layer]: ...
-
-
-@dataclass(frozen=True)
-class SplitDecision:
-    split_index: int
-    reason: str
-    input_bytes_per_batch: float
-    output_bytes_per_batch: float
-    """Bytes per iteration the chosen split ships (the input's when split is 0)."""
-    budget_bytes: float
-    """Bytes one second of the measured bandwidth carries (0 when the split was forced)."""
-    candidates: tuple[int, ...]
-    rule: str = "thesis"
-    """Which rule decided: ``"time"`` (predicted time, the default), ``"thesis"`` (Algorithm 2)
-    or ``"forced"`` (the caller's index or the freeze index)."""
-    predictions: tuple[StageTimes, ...] = field(default=(), repr=False)
-    """The rule ``"time"``'s predicted stages of every split it considered."""
 
 
 def choose_split_index(

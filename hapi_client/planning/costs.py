@@ -1,4 +1,4 @@
-"""Measuring what each split costs, for the split rule of :mod:`hapi_client.split_time`.
+"""Measuring what each split costs, for the split rule of :mod:`hapi_client.planning.time_rule`.
 
 Three measurements, each made once per run:
 
@@ -31,12 +31,12 @@ from hapi_contract import (
     images_in_prefix,
 )
 
-from .errors import ConfigurationError, HapiClientError
-from .split_time import ClientCosts, ServerCosts
+from ..errors import ConfigurationError, HapiClientError
+from .time_rule import ClientCosts, ServerCosts
 
 if TYPE_CHECKING:
-    from .client import HapiClient
-    from .preparation import PreparedModel
+    from ..client import HapiClient
+    from ..preparation import PreparedModel
 
 __all__ = ["PipelineCosts", "measure_client_costs", "measure_pipeline_costs"]
 

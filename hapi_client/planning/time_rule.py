@@ -1,6 +1,6 @@
 """Choosing the split by predicted time per iteration (HAPI's default rule).
 
-Thesis Algorithm 2 (:mod:`hapi_client.split`) looks at bytes only: the earliest layer whose
+Thesis Algorithm 2 (:mod:`hapi_client.planning.thesis_rule`) looks at bytes only: the earliest layer whose
 output fits one second of bandwidth. What a user waits for is time, and a split moves work as
 well as bytes: every layer before it runs on the server, every layer after it on the client. So
 for every split ``s`` from 0 (raw streaming) to the freeze index this rule predicts the three
@@ -27,8 +27,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .errors import ConfigurationError
-from .split import SplitDecision
+from ..errors import ConfigurationError
+from .decision import SplitDecision
 
 __all__ = [
     "ClientCosts",

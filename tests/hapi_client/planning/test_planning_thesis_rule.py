@@ -5,7 +5,8 @@ from __future__ import annotations
 import hapi_models
 import pytest
 
-from hapi_client import ConfigurationError, choose_split_index
+from hapi_client import ConfigurationError
+from hapi_client.planning import choose_split_index
 
 MBIT = 1e6 / 8
 JPEG = 110_000  # ImageNet-sized stored JPEG, bytes per sample

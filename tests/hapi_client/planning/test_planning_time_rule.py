@@ -1,11 +1,11 @@
-"""The split by predicted time (``hapi_client.split_time``) on made-up costs: pure arithmetic."""
+"""The split by predicted time (``hapi_client.planning.time_rule``) on made-up costs: pure arithmetic."""
 
 from __future__ import annotations
 
 import pytest
 
 from hapi_client import ConfigurationError
-from hapi_client.split_time import (
+from hapi_client.planning import (
     ClientCosts,
     ServerCosts,
     choose_split_by_time,

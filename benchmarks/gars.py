@@ -5,7 +5,7 @@ For n in {7, 11, 15, 17} inputs, f = the largest f each rule accepts for that n,
 server receives separate tensors) and, on the same list, ByzFL 0.0.11's counterpart where it
 has one; print both medians and the ratio ours / ByzFL; results go to ``--out`` as JSON.
 Garfield ran the same kind of sweep on GPUs with f = floor((n-3)/4) for every rule
-[000:920-927], [003:330-332]; here each rule gets its own maximum f, so Bulyan and Krum are
+(thesis §3.6.3; Garfield paper §6.3, see docs/references.md); here each rule gets its own maximum f, so Bulyan and Krum are
 timed at the f that stresses them most.
 
 ByzFL counterparts (see ``hapi_client.robust.aggregators`` for the definitions that differ):

@@ -527,7 +527,7 @@ def _gars_section(gars: ResultSet, img: str) -> list[str]:
         "",
         markdown_table(("rule (median ms)", *(f"n={n}, d={d:.0e}" for d, n in cells)), table),
         "",
-        "Garfield: ~8 ms per aggregation for fixed d and n < 15 on GPUs, then linear growth [003:332].",
+        "Garfield: ~8 ms per aggregation for fixed d and n < 15 on GPUs, then linear growth (Garfield paper §6.3).",
         "",
     ]
 

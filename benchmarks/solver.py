@@ -1,7 +1,7 @@
 """Time one batch-adaptation decision: ``hapi_server.solver.solve`` for n queued requests.
 
 The thesis solved eq. 5.1 with a MILP solver (PuLP + CBC) in about 25 ms per decision
-[000: section 5.4.5]; the closed form here should take well under 1 ms. For each n in
+(thesis §5.4.5, see docs/references.md); the closed form here should take well under 1 ms. For each n in
 {1, 10, 100} and three memory regimes, the benchmark times ``solve`` over seeded random
 demands and, as a reference, the same decision as a MILP in ``scipy.optimize.milp`` (HiGHS):
 

@@ -1,19 +1,20 @@
 """The names and defaults the ``hapi`` parsers show, held here so that parsing needs no torch.
 
 ``hapi --help``, ``hapi CMD --help`` and usage errors build every parser, and the libraries these
-values come from import torch when loaded (``hapi_models``, ``hapi_client``, ``hapi_bench.demo``):
-that costs seconds and hundreds of MiB for a help text. So the parsers read the copies below and
-the command handlers import the libraries. ``tests/hapi_cli/test_cli_choices.py`` checks every
-copy against its source, so a new architecture, aggregator or default fails a test until it is
-added here as well.
+values come from import torch when loaded (``hapi_models``, ``hapi_client``'s training modules,
+``hapi_bench.demo``): that costs seconds and hundreds of MiB for a help text. So the parsers read
+the copies below and the command handlers import the libraries.
+``tests/hapi_cli/test_cli_choices.py`` checks every copy against its source. What can be read
+without torch is not copied: rule and attack names come from ``hapi_client.robust.names``, the
+retry budget from ``hapi_client.retry``.
 """
 
 from __future__ import annotations
 
+from hapi_client.retry import DEFAULT_RETRY_BUDGET_S
+
 __all__ = [
-    "AGGREGATORS",
     "ARCHITECTURES",
-    "ATTACKS",
     "DEFAULT_AUTH_URL",
     "DEFAULT_ENDPOINT",
     "DEFAULT_RETRY_BUDGET_S",
@@ -36,29 +37,12 @@ ARCHITECTURES: tuple[str, ...] = (
 #: ``hapi_client.MODES``: the fine-tuning modes.
 MODES: tuple[str, ...] = ("hapi", "baseline", "all_in_cos")
 
-#: ``hapi_client.robust.list_aggregators()``: gradient aggregation rules, sorted.
-AGGREGATORS: tuple[str, ...] = (
-    "average",
-    "bulyan",
-    "krum",
-    "mda",
-    "median",
-    "multi_krum",
-    "trimmed_mean",
-    "weighted_average",
-)
-
-#: ``hapi_client.robust.list_attacks()``: simulated attacks, sorted.
-ATTACKS: tuple[str, ...] = ("alie", "drop", "foe", "nonfinite", "random", "reverse")
-
 #: ``hapi_client.DEFAULT_ENDPOINT``: where the HAPI server listens by default.
 DEFAULT_ENDPOINT = "http://127.0.0.1:8090"
 
 #: ``hapi_client.DEFAULT_AUTH_URL``: the local Swift's tempauth URL.
 DEFAULT_AUTH_URL = "http://127.0.0.1:8080/auth/v1.0"
 
-#: ``hapi_client.DEFAULT_RETRY_BUDGET_S``: seconds a failed request keeps being retried.
-DEFAULT_RETRY_BUDGET_S = 120.0
 
 #: The ``hapi demo`` options' defaults: fields of ``hapi_bench.DemoConfig()``.
 DEMO_DEFAULTS: dict[str, float | int | None] = {

@@ -15,9 +15,10 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hapi_client.robust.names import AGGREGATORS, ATTACKS
 from hapi_contract import DEFAULT_COMPRESSION, DEFAULT_OUTPUT_DTYPE
 
-from .choices import AGGREGATORS, ATTACKS, DEFAULT_AUTH_URL, DEFAULT_ENDPOINT
+from .choices import DEFAULT_AUTH_URL, DEFAULT_ENDPOINT
 from .tables import format_table
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--aggregator",
         default="average",
-        help=f"gradient aggregation rule: {', '.join(AGGREGATORS)} (default: %(default)s)",
+        help=f"gradient aggregation rule: {', '.join(AGGREGATORS.names())} (default: %(default)s)",
     )
     group.add_argument(
         "--f",
@@ -52,7 +53,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds the aggregator waits for q gradients before failing (default: %(default)s)",
     )
     group.add_argument(
-        "--attack", help=f"simulated attack of the attacker ranks: {', '.join(ATTACKS)}"
+        "--attack", help=f"simulated attack of the attacker ranks: {', '.join(ATTACKS.names())}"
     )
     group.add_argument(
         "--attackers",

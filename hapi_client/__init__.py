@@ -6,36 +6,44 @@
 ...                          eval_container="photos-test", epochs=2, batch_size=64)
 """
 
-from hapi_models import OptimizerConfig
+from typing import TYPE_CHECKING
 
-from .bandwidth import BandwidthEstimator
-from .client import DEFAULT_ENDPOINT, HapiClient
-from .errors import (
-    ConfigurationError,
-    DeliveryError,
-    HapiClientError,
-    ServerError,
-    ServerUnavailableError,
-    SwiftAccessError,
-    SwiftUnavailableError,
-    VerificationError,
-)
-from .feature_cache import FeatureCache
-from .feature_dataset import FeatureDataset, LocalModel
-from .finetune import MODES, EpochMetrics, FinetuneResult, run_finetune
-from .model_store import (
-    StoredModel,
-    download_model,
-    pretrained_model,
-    resolve_model,
-    upload_model,
-)
-from .planning import SplitDecision, choose_split_index, plan_split
-from .preparation import PreparedModel, prepare_model
-from .retry import DEFAULT_RETRY_BUDGET_S
-from .swift_session import DEFAULT_AUTH_URL, SwiftCredentials, SwiftSession
-from .throttle import TokenBucket
-from .transport import HapiTransport, RetryPolicy, ShardFeatures
+from ._lazy import attach
+
+# Resolved on first use (PEP 562, see hapi_client._lazy): importing the package loads no torch.
+if TYPE_CHECKING:
+    from hapi_models import OptimizerConfig
+
+    from .bandwidth import BandwidthEstimator
+    from .client import DEFAULT_ENDPOINT, HapiClient
+    from .errors import (
+        ConfigurationError,
+        DeliveryError,
+        HapiClientError,
+        ServerError,
+        ServerUnavailableError,
+        SwiftAccessError,
+        SwiftUnavailableError,
+        VerificationError,
+    )
+    from .feature_cache import FeatureCache
+    from .feature_dataset import FeatureDataset, LocalModel
+    from .finetune import MODES, EpochMetrics, FinetuneResult, run_finetune
+    from .model_store import (
+        StoredModel,
+        download_model,
+        pretrained_model,
+        resolve_model,
+        upload_model,
+    )
+    from .planning import SplitDecision, choose_split_index, plan_split
+    from .preparation import PreparedModel, prepare_model
+    from .retry import DEFAULT_RETRY_BUDGET_S
+    from .swift_session import DEFAULT_AUTH_URL, SwiftCredentials, SwiftSession
+    from .throttle import TokenBucket
+    from .transport import HapiTransport, RetryPolicy, ShardFeatures
+
+__getattr__, __dir__ = attach(__name__, __file__)
 
 __all__ = [
     "DEFAULT_AUTH_URL",

@@ -3,7 +3,7 @@
 HapiClientError                   every error the client raises on purpose
 ├── ConfigurationError            (also ValueError) an argument that cannot work
 ├── SwiftAccessError              Swift refused (401, 403, 404) or could not be reached
-│   ├── SwiftUnavailableError       ... still unreachable or 5xx when the retry budget ran out
+│   ├── SwiftUnavailableError       ... unreachable, or still 5xx when the retry budget ran out
 │   └── datasets.SwiftError         (also DatasetError) a dataset upload/listing request failed
 ├── ServerError                   the HAPI server answered an error that retrying cannot fix
 ├── ServerUnavailableError        the HAPI server unreachable or failing for the retry budget
@@ -11,7 +11,7 @@ HapiClientError                   every error the client raises on purpose
 ├── VerificationError             features from the server differ from the local recomputation
 ├── datasets.DatasetError         building, uploading or reading a dataset (hapi_client.datasets)
 │   ├── SourceError, SourceSpecError, DatasetNotFoundError, CorruptDatasetError
-│   └── SwiftError (also SwiftAccessError): SwiftUnavailableError, SwiftAuthError
+│   └── SwiftError (also SwiftAccessError): SwiftAuthError
 ├── robust.RobustAggregationError aggregation rules, attacks, balancing (hapi_client.robust)
 │   ├── InvalidParameterError (also ValueError): RequirementError, ComplexityLimitError
 │   ├── InputMismatchError (also ValueError): NonFiniteInputError, MissingRepliesError

@@ -16,7 +16,7 @@ A dataset is one Swift container holding:
   exists, so a reader that sees a manifest can read every shard in it.
 
 Reading a shard never touches the disk: :func:`read_shard` walks the archive in memory and
-rejects anything that is not exactly this format (see :class:`InvalidShardError`).
+rejects anything that is not exactly this format (see :class:`ShardFormatError`).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ __all__ = [
     "DatasetFormatError",
     "DatasetManifest",
     "InvalidManifestError",
-    "InvalidShardError",
+    "ShardFormatError",
     "ShardInfo",
     "ShardSample",
     "image_extension_of",
@@ -93,7 +93,7 @@ class DatasetFormatError(ContractError, ValueError):
     """Base class of the dataset format errors (shards and manifest)."""
 
 
-class InvalidShardError(DatasetFormatError):
+class ShardFormatError(DatasetFormatError):
     """A shard is not a well-formed dataset tar: the message says what is wrong and where."""
 
 
@@ -140,7 +140,7 @@ def image_extension_of(data: bytes | bytearray | memoryview) -> str | None:
 
 def _check_key(key: str, where: str) -> None:
     if not _KEY_RE.fullmatch(key):
-        raise InvalidShardError(
+        raise ShardFormatError(
             f"{where}: invalid sample key {key!r}: keys are 1-64 characters of [A-Za-z0-9_-], "
             "starting with a letter or digit"
         )
@@ -148,13 +148,13 @@ def _check_key(key: str, where: str) -> None:
 
 def _check_image(image: bytes, ext: str, where: str) -> None:
     if ext not in IMAGE_EXTENSIONS:
-        raise InvalidShardError(
+        raise ShardFormatError(
             f"{where}: unknown image extension {ext!r} (allowed: {', '.join(IMAGE_EXTENSIONS)})"
         )
     if not image.startswith(_MAGIC[ext]):
         found = image_extension_of(image)
         detail = f"looks like {found}" if found else "is neither JPEG nor PNG"
-        raise InvalidShardError(f"{where}: image bytes do not match extension {ext!r} ({detail})")
+        raise ShardFormatError(f"{where}: image bytes do not match extension {ext!r} ({detail})")
 
 
 def write_shard(samples: Iterable[tuple[str, bytes, str, int]]) -> bytes:
@@ -165,7 +165,7 @@ def write_shard(samples: Iterable[tuple[str, bytes, str, int]]) -> bytes:
     match the image's magic bytes; ``label`` is a non-negative integer; keys must be unique.
 
     Raises:
-        InvalidShardError: a sample would make an invalid shard (the message names it).
+        ShardFormatError: a sample would make an invalid shard (the message names it).
     """
     buffer = io.BytesIO()
     seen: set[str] = set()
@@ -174,13 +174,13 @@ def write_shard(samples: Iterable[tuple[str, bytes, str, int]]) -> bytes:
             where = f"sample {position} (key {key!r})"
             _check_key(key, where)
             if key in seen:
-                raise InvalidShardError(f"{where}: duplicated key")
+                raise ShardFormatError(f"{where}: duplicated key")
             seen.add(key)
             ext = "jpg" if ext.lower() == "jpeg" else ext.lower()
             image = bytes(image)
             _check_image(image, ext, where)
             if isinstance(label, bool) or not 0 <= int(label) <= _MAX_LABEL:
-                raise InvalidShardError(f"{where}: label must be an integer in 0..{_MAX_LABEL}")
+                raise ShardFormatError(f"{where}: label must be an integer in 0..{_MAX_LABEL}")
             members = sorted([(_LABEL_EXTENSION, str(int(label)).encode("ascii")), (ext, image)])
             for member_ext, payload in members:
                 info = tarfile.TarInfo(f"{key}.{member_ext}")
@@ -195,12 +195,12 @@ def write_shard(samples: Iterable[tuple[str, bytes, str, int]]) -> bytes:
 
 def _split_member_name(name: str) -> tuple[str, str]:
     if "/" in name or "\\" in name or name.startswith(".") or ".." in name:
-        raise InvalidShardError(
+        raise ShardFormatError(
             f"member {name!r}: path separators and '..' are not allowed in shard member names"
         )
     key, dot, ext = name.partition(".")
     if not dot:
-        raise InvalidShardError(f"member {name!r}: no extension")
+        raise ShardFormatError(f"member {name!r}: no extension")
     return key, ext
 
 
@@ -219,7 +219,7 @@ def read_shard(
     With ``num_classes`` given, labels must also be below it.
 
     Raises:
-        InvalidShardError: not a tar archive, truncated, a member that is not a regular file, a
+        ShardFormatError: not a tar archive, truncated, a member that is not a regular file, a
             path-like or malformed name, an unknown extension, a missing ``.cls`` or image, a bad
             label, a duplicated key, more than ``max_samples`` samples, a member larger than
             ``max_image_bytes``, image bytes that do not match their extension, or no samples.
@@ -233,19 +233,19 @@ def read_shard(
         if current_key is None:
             return
         if _LABEL_EXTENSION not in parts:
-            raise InvalidShardError(f"sample {current_key!r}: missing .cls member")
+            raise ShardFormatError(f"sample {current_key!r}: missing .cls member")
         images = [ext for ext in parts if ext != _LABEL_EXTENSION]
         if not images:
-            raise InvalidShardError(f"sample {current_key!r}: missing image member (.jpg/.png)")
+            raise ShardFormatError(f"sample {current_key!r}: missing image member (.jpg/.png)")
         match = _LABEL_RE.fullmatch(parts[_LABEL_EXTENSION])
         if match is None:
-            raise InvalidShardError(
+            raise ShardFormatError(
                 f"sample {current_key!r}: bad label {parts[_LABEL_EXTENSION][:16]!r} "
                 "(expected a non-negative ASCII integer)"
             )
         label = int(match.group(1))
         if num_classes is not None and label >= num_classes:
-            raise InvalidShardError(
+            raise ShardFormatError(
                 f"sample {current_key!r}: label {label} out of range for {num_classes} classes"
             )
         ext = images[0]
@@ -255,7 +255,7 @@ def read_shard(
     try:
         tar = tarfile.open(fileobj=io.BytesIO(raw), mode="r:")
     except (tarfile.TarError, EOFError) as exc:
-        raise InvalidShardError(f"not a tar archive: {exc}") from exc
+        raise ShardFormatError(f"not a tar archive: {exc}") from exc
     try:
         with tar:
             while True:
@@ -264,37 +264,37 @@ def read_shard(
                     break
                 name = member.name
                 if not member.isreg() or member.issparse():
-                    raise InvalidShardError(f"member {name!r}: not a regular file")
+                    raise ShardFormatError(f"member {name!r}: not a regular file")
                 key, ext = _split_member_name(name)
                 _check_key(key, f"member {name!r}")
                 if ext != _LABEL_EXTENSION and ext not in IMAGE_EXTENSIONS:
-                    raise InvalidShardError(
+                    raise ShardFormatError(
                         f"member {name!r}: unknown extension {ext!r} "
                         f"(allowed: {_LABEL_EXTENSION}, {', '.join(IMAGE_EXTENSIONS)})"
                     )
                 if key != current_key:
                     finish()
                     if key in seen:
-                        raise InvalidShardError(f"member {name!r}: duplicated key {key!r}")
+                        raise ShardFormatError(f"member {name!r}: duplicated key {key!r}")
                     if len(seen) >= max_samples:
-                        raise InvalidShardError(
+                        raise ShardFormatError(
                             f"member {name!r}: shard has more than {max_samples} samples"
                         )
                     seen.add(key)
                     current_key, parts = key, {}
                 if ext in parts:
-                    raise InvalidShardError(f"member {name!r}: duplicated key {key!r}")
+                    raise ShardFormatError(f"member {name!r}: duplicated key {key!r}")
                 if ext != _LABEL_EXTENSION and any(e != _LABEL_EXTENSION for e in parts):
-                    raise InvalidShardError(f"member {name!r}: sample {key!r} has two images")
+                    raise ShardFormatError(f"member {name!r}: sample {key!r} has two images")
                 limit = _MAX_LABEL_MEMBER_BYTES if ext == _LABEL_EXTENSION else max_image_bytes
                 if member.size > limit:
-                    raise InvalidShardError(
+                    raise ShardFormatError(
                         f"member {name!r}: {member.size} bytes exceeds the limit of {limit} bytes"
                     )
                 handle = tar.extractfile(member)
                 payload = handle.read() if handle is not None else b""
                 if len(payload) != member.size:
-                    raise InvalidShardError(f"member {name!r}: truncated archive")
+                    raise ShardFormatError(f"member {name!r}: truncated archive")
                 if ext != _LABEL_EXTENSION:
                     _check_image(payload, ext, f"member {name!r}")
                 parts[ext] = payload
@@ -303,14 +303,14 @@ def read_shard(
             end = tar.offset
             marker = raw[end : end + _END_MARKER_BYTES]
             if len(marker) < _END_MARKER_BYTES or marker.count(0) != _END_MARKER_BYTES:
-                raise InvalidShardError(
+                raise ShardFormatError(
                     f"truncated or corrupt archive: no end-of-archive marker at byte {end}"
                 )
             finish()
     except (tarfile.TarError, EOFError) as exc:
-        raise InvalidShardError(f"corrupt tar archive: {exc}") from exc
+        raise ShardFormatError(f"corrupt tar archive: {exc}") from exc
     if not samples:
-        raise InvalidShardError("shard contains no samples")
+        raise ShardFormatError("shard contains no samples")
     return samples
 
 

@@ -19,13 +19,19 @@ Builder = Callable[[int, bool], SplittableModel]
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """An architecture: its builder and ``layer_names``, the split points the builder makes."""
+
     name: str
     builder: Builder
     default_freeze_index: int
-    num_layers: int
+    layer_names: tuple[str, ...]
     transform: InputTransform
     has_pretrained: bool
     description: str
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_names)
 
 
 _REGISTRY: dict[str, ModelSpec] = {}

@@ -49,7 +49,7 @@ def iter_shards(
 
     Raises:
         SourceError: a sample's label is outside ``0..num_classes-1``.
-        InvalidShardError: a sample cannot be stored (e.g. bytes that are not JPEG/PNG).
+        ShardFormatError: a sample cannot be stored (e.g. bytes that are not JPEG/PNG).
     """
     if shard_size < 1:
         raise ValueError(f"shard_size must be >= 1, got {shard_size}")

@@ -34,9 +34,17 @@ def _reason(exc: BaseException) -> str:
     return text if len(text) <= 200 else text[:200] + "..."
 
 
+def _endpoint(conn: Connection) -> str:
+    """``"storage"`` once the connection holds a storage URL (authenticated), else ``"auth"``."""
+    return "storage" if getattr(conn, "url", None) else "auth"
+
+
 @contextmanager
 def swift_errors(conn: Connection, what: str) -> Iterator[None]:
-    """Turn swiftclient/requests errors raised inside the block into ``SwiftError`` subclasses.
+    """Turn swiftclient/requests errors raised inside the block into this package's errors.
+
+    An unreachable Swift is the client's :class:`~hapi_client.errors.SwiftUnavailableError`;
+    every other failure a :class:`SwiftError`.
 
     ``what`` names the operation (``"PUT demo/shards/shard-000000.tar"``) in the message.
     Callers that expect a 404 catch ``ClientException`` inside the block themselves.
@@ -56,12 +64,16 @@ def swift_errors(conn: Connection, what: str) -> Iterator[None]:
             ) from exc
         if status is None:
             raise SwiftUnavailableError(
-                f"{what}: no answer from Swift at {conn.authurl}: {_reason(exc)}; {_STACK_HINT}"
+                f"{what}: no answer from Swift at {conn.authurl}: {_reason(exc)}; {_STACK_HINT}",
+                endpoint=_endpoint(conn),
+                status=None,
             ) from exc
         raise SwiftError(
             f"{what}: Swift answered {status} {exc.http_reason or ''}".rstrip()
         ) from exc
     except (OSError, RequestException) as exc:
         raise SwiftUnavailableError(
-            f"{what}: cannot reach Swift at {conn.authurl}: {_reason(exc)}; {_STACK_HINT}"
+            f"{what}: cannot reach Swift at {conn.authurl}: {_reason(exc)}; {_STACK_HINT}",
+            endpoint=_endpoint(conn),
+            status=None,
         ) from exc

@@ -179,7 +179,7 @@ def sync_dataset(
 
     Raises:
         SourceError: the source yields nothing or cannot be read.
-        InvalidShardError: a sample cannot be stored.
+        ShardFormatError: a sample cannot be stored.
         SwiftError: (a subclass for) any Swift request failed.
     """
     _check_container(container)

@@ -4,18 +4,19 @@
     +-- SourceError                 a sample source cannot be built or read
     |   +-- SourceSpecError         a source spec string cannot be parsed
     +-- SwiftError                  talking to Swift failed (also hapi_client.SwiftAccessError)
-    |   +-- SwiftUnavailableError   Swift cannot be reached (connection refused, DNS, timeout)
     |   +-- SwiftAuthError          Swift rejected the credentials (401) or the access (403)
     +-- DatasetNotFoundError        the container or its manifest does not exist
     +-- CorruptDatasetError         the stored manifest is invalid
 
 ``DatasetError`` derives from :class:`hapi_client.errors.HapiClientError`, the client's one root.
-Errors of the shard/manifest format itself are ``hapi_contract.dataset.DatasetFormatError``.
+A Swift that cannot be reached (connection refused, DNS, timeout) is the client's own
+:class:`hapi_client.errors.SwiftUnavailableError`, re-exported here; errors of the shard/manifest
+format itself are ``hapi_contract.dataset.DatasetFormatError``.
 """
 
 from __future__ import annotations
 
-from ..errors import HapiClientError, SwiftAccessError
+from ..errors import HapiClientError, SwiftAccessError, SwiftUnavailableError
 
 __all__ = [
     "CorruptDatasetError",
@@ -43,10 +44,6 @@ class SourceSpecError(SourceError):
 
 class SwiftError(DatasetError, SwiftAccessError):
     """A Swift request failed; the message names the operation, object and status."""
-
-
-class SwiftUnavailableError(SwiftError):
-    """Swift cannot be reached at its auth or storage URL."""
 
 
 class SwiftAuthError(SwiftError):

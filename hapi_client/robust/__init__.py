@@ -16,60 +16,68 @@ Multi-Krum, MDA, Bulyan), :mod:`.preaggregation` (NNM, bucketing, clipping, ``Ch
 :mod:`.registry` (by-name lookup), :mod:`.errors` (one exception tree).
 """
 
-from ._tensors import Inputs
-from .aggregators import (
-    MDA,
-    Aggregator,
-    Average,
-    BatchWeightedAverage,
-    Bulyan,
-    Krum,
-    Median,
-    MultiKrum,
-    NonFinitePolicy,
-    TrimmedMean,
-)
-from .attacks import (
-    ALittleIsEnough,
-    Attack,
-    DropAttack,
-    FallOfEmpires,
-    NonFiniteAttack,
-    RandomAttack,
-    ReverseAttack,
-    alie_z_max,
-)
-from .balancing import (
-    MEMORY_LIMIT_FRACTION,
-    BatchBalancer,
-    Phase,
-    even_split,
-    near_memory_limit,
-)
-from .errors import (
-    BalancingError,
-    ComplexityLimitError,
-    InputMismatchError,
-    InvalidParameterError,
-    MissingRepliesError,
-    NonFiniteInputError,
-    RequirementError,
-    RobustAggregationError,
-    UnknownNameError,
-)
-from .preaggregation import Bucketing, Chain, Clipping, NearestNeighborMixing, PreAggregator
-from .registry import (
-    AggregationRule,
-    PreStep,
-    aggregator_class,
-    get_aggregator,
-    get_attack,
-    get_preaggregator,
-    list_aggregators,
-    list_attacks,
-    list_preaggregators,
-)
-from .replies import gather_replies
+from typing import TYPE_CHECKING
+
+from .._lazy import attach
+
+# Resolved on first use (PEP 562, see hapi_client._lazy): importing the package loads no torch.
+if TYPE_CHECKING:
+    from ._tensors import Inputs
+    from .aggregators import (
+        MDA,
+        Aggregator,
+        Average,
+        BatchWeightedAverage,
+        Bulyan,
+        Krum,
+        Median,
+        MultiKrum,
+        NonFinitePolicy,
+        TrimmedMean,
+    )
+    from .attacks import (
+        ALittleIsEnough,
+        Attack,
+        DropAttack,
+        FallOfEmpires,
+        NonFiniteAttack,
+        RandomAttack,
+        ReverseAttack,
+        alie_z_max,
+    )
+    from .balancing import (
+        MEMORY_LIMIT_FRACTION,
+        BatchBalancer,
+        Phase,
+        even_split,
+        near_memory_limit,
+    )
+    from .errors import (
+        BalancingError,
+        ComplexityLimitError,
+        InputMismatchError,
+        InvalidParameterError,
+        MissingRepliesError,
+        NonFiniteInputError,
+        RequirementError,
+        RobustAggregationError,
+        UnknownNameError,
+    )
+    from .preaggregation import Bucketing, Chain, Clipping, NearestNeighborMixing, PreAggregator
+    from .registry import (
+        AggregationRule,
+        PreStep,
+        aggregator_class,
+        get_aggregator,
+        get_attack,
+        get_preaggregator,
+        list_aggregators,
+        list_attacks,
+        list_preaggregators,
+    )
+    from .replies import gather_replies
+
+__getattr__, __dir__ = attach(__name__, __file__)
 
 __all__ = [
     "MDA",

@@ -108,8 +108,8 @@ def sorted_rows(data: Tensor, lo: int, hi: int) -> Tensor:
 def median_rows(data: Tensor) -> Tensor:
     """Coordinate-wise median of the rows of ``data`` (``[n, d] -> [d]``).
 
-    Odd n: the middle sorted value, element ceil(n/2) [000:585]. Even n: the mean of the two
-    middle sorted values (the thesis' ``(x_q + x_q)/2`` is a typo, digest D6; ``torch.median``
+    Odd n: the middle sorted value, element ceil(n/2) (thesis eq. (3.3)). Even n: the mean of the two
+    middle sorted values (the thesis' ``(x_q + x_q)/2`` is a typo, reading R5 of docs/references.md; ``torch.median``
     alone would return the lower one). NaN is ordered as ``+inf``, so up to floor((n-1)/2)
     non-finite values per coordinate cannot reach the middle (more give +inf).
     """

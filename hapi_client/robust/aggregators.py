@@ -4,21 +4,21 @@ A rule is built once with ``n`` (how many vectors it aggregates per call) and ``
 maximum number of Byzantine inputs among them) and validated then: each rule checks its
 resilience requirement (Krum n >= 2f+3, Bulyan n >= 4f+3, ...) and raises
 :class:`~hapi_client.robust.errors.RequirementError` otherwise, as Garfield's ``init(name, n, f)``
-does [000:704]. Each call validates again: exactly ``n`` inputs, one shape, one device, one
+does (thesis §3.3.2). Each call validates again: exactly ``n`` inputs, one shape, one device, one
 floating dtype. The inputs are a list of tensors or one stacked tensor ``[n, ...]``; any element
 shape is flattened to ``d`` coordinates. The result is a new tensor (never a view of an input)
 with the element shape, dtype and device of the inputs. Everything is computed with vectorised
 torch ops on the inputs' device, in at least float32, under ``torch.no_grad()``.
 
-Sources: the thesis, chapter 3.3.1 [000:572-666] (Garfield), and the Garfield paper [003:85-97].
-Choices where the sources are ambiguous (digest section 0):
+Sources (see docs/references.md): the thesis, §3.3.1 (Garfield's rules), and the Garfield paper,
+§3.1. Readings where the sources are ambiguous (labels of docs/references.md):
 
-- D6: the median of an even count is the mean of the two middle values.
-- D7: Bulyan uses Krum as its inner rule, theta = n - 2f selections, beta = n - 4f.
-- D8: Krum scores use *squared* distances (Eq. 3.7 [000:604]), not the prose's "sum of l2
-  distances" [000:602].
-- D9: Multi-Krum averages m = n - f - 2 vectors by default [000:602].
-- D15: trimmed mean is not in the seeds; it is here as a common non-seed addition.
+- R5: the median of an even count is the mean of the two middle values.
+- R6: Bulyan uses Krum as its inner rule, theta = n - 2f selections, beta = n - 4f.
+- R7: Krum scores use *squared* distances (thesis eq. (3.7)), not the prose's "sum of l2
+  distances" (§3.3.1 item 2).
+- R8: Multi-Krum averages m = n - f - 2 vectors by default (thesis §3.3.1 item 2).
+- R9: the trimmed mean is in none of the sources; it is here as a common addition.
 
 Non-finite inputs (NaN, +-Inf). Robust rules return a finite result whenever at most ``f`` inputs
 are non-finite (and the honest ones are finite and do not overflow):
@@ -45,13 +45,13 @@ Differences from ByzFL 0.0.11 (``byzfl.aggregators``), which the tests use as an
 
 - ByzFL's Krum/MultiKrum score a vector by the *mean* of its n - f - 1 nearest squared
   distances and Multi-Krum averages n - f vectors; here the score is the *sum* over the
-  n - f - 2 nearest (Krum's paper, [000:602-604]) and m = n - f - 2. ByzFL ``Krum(f + 1)``
+  n - f - 2 nearest (Krum's paper; thesis §3.3.1, eq. (3.7)) and m = n - f - 2. ByzFL ``Krum(f + 1)``
   therefore selects the same vector as ``Krum(n, f)``, and ByzFL ``MultiKrum(f + 1)`` equals
   ``MultiKrum(n, f, m=n - f - 1)``.
-- ByzFL's rules only require 2f < n; here each rule checks its own requirement from the seeds.
+- ByzFL's rules only require 2f < n; here each rule checks its own requirement from the thesis (§3.3.1).
 - ByzFL's torch median is ``torch.quantile`` (a sort of all n values per coordinate); here
   the middle values come from :func:`~hapi_client.robust._order.sorted_rows` (a comparator
-  network of row-wise min/max on the CPU, a sort on a GPU; same values, and D6 for even n, as
+  network of row-wise min/max on the CPU, a sort on a GPU; same values, and R5 for even n, as
   ``quantile`` agrees).
 - ByzFL has no Bulyan and no batch-weighted average; its rules return NaN on NaN inputs.
 """
@@ -87,6 +87,7 @@ from .errors import (
     NonFiniteInputError,
     RequirementError,
 )
+from .names import AGGREGATORS
 
 __all__ = [
     "MDA",
@@ -122,6 +123,17 @@ class Aggregator(abc.ABC):
     """
 
     name: ClassVar[str]
+    aliases: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(
+        cls, *, name: str | None = None, aliases: tuple[str, ...] = (), **kwargs: object
+    ) -> None:
+        """``class X(Aggregator, name="x", aliases=(...))`` registers X (see :mod:`.names`)."""
+        super().__init_subclass__(**kwargs)
+        if name is not None:
+            cls.name, cls.aliases = name, aliases
+            AGGREGATORS.add(cls, name, aliases)
+
     requirement: ClassVar[str] = "n >= f + 1"
 
     def __init__(self, n: int, f: int = 0) -> None:
@@ -192,14 +204,12 @@ def _check_policy(policy: str) -> NonFinitePolicy:
     raise InvalidParameterError(f"nonfinite must be 'raise' or 'propagate', got {policy!r}")
 
 
-class Average(Aggregator):
-    """Arithmetic mean, the non-robust baseline: ``(1/n) sum_i x_i`` [000:918].
+class Average(Aggregator, name="average", aliases=("mean",)):
+    """Arithmetic mean, the non-robust baseline: ``(1/n) sum_i x_i`` (thesis §3.6.3).
 
     Tolerates no Byzantine input; ``f`` is accepted (f < n) so it can sit in the same tables as
     the robust rules. Cost O(nd). Non-finite inputs: see ``nonfinite`` (default: raise).
     """
-
-    name = "average"
 
     def __init__(self, n: int, f: int = 0, *, nonfinite: NonFinitePolicy = "raise") -> None:
         super().__init__(n, f)
@@ -234,19 +244,19 @@ class Average(Aggregator):
         return mean
 
 
-class BatchWeightedAverage(Aggregator):
-    """Average weighted by each worker's batch size (LB-BSP, [002:291-296]).
+class BatchWeightedAverage(
+    Aggregator, name="weighted_average", aliases=("batch_weighted_average",)
+):
+    """Average weighted by each worker's batch size (LB-BSP §3.4, eq. (7)).
 
     ``g = (1 / sum_j |B_j|) * sum_i |B_i| g_i``: every sample weighs 1/X, so workers with
     unequal batches (see :class:`~hapi_client.robust.BatchBalancer`) keep BSP's statistical
     efficiency. Not robust: a Byzantine worker could claim a huge batch, which is why the robust
-    rules ignore self-reported batch sizes (a design decision; the seeds never combine them).
+    rules ignore self-reported batch sizes (a design decision; no source combines them).
 
     ``batch_sizes`` may be given at construction (fixed) or per call (they change as the
     balancer moves samples); the per-call value wins. Non-finite inputs: as :class:`Average`.
     """
-
-    name = "weighted_average"
 
     def __init__(
         self,
@@ -295,17 +305,16 @@ class BatchWeightedAverage(Aggregator):
         return self._weighted(data, self.batch_sizes)
 
 
-class Median(Aggregator):
-    """Coordinate-wise median [000:574-600]: ``out[j] = median(x_1[j], ..., x_n[j])``.
+class Median(Aggregator, name="median"):
+    """Coordinate-wise median (thesis §3.3.1, eqs. (3.1)-(3.6)): ``out[j] = median(x_1[j], ..., x_n[j])``.
 
-    Odd n: the ceil(n/2)-th sorted value (Eq. 3.3); even n: the mean of the two middle values
-    (D6). Requires n >= 2f+1; cost O(nd log^2 n) (a pruned sorting network on the CPU, see
+    Odd n: the ceil(n/2)-th sorted value (eq. (3.3)); even n: the mean of the two middle values
+    (R5). Requires n >= 2f+1; cost O(nd log^2 n) (a pruned sorting network on the CPU, see
     :func:`~hapi_client.robust._order.sorted_rows`).
     Non-finite values: NaN is ordered as +inf, so with at most f non-finite values per
     coordinate the median is one of (or between two of) the finite ones.
     """
 
-    name = "median"
     requirement = "n >= 2f+1"
 
     @classmethod
@@ -316,8 +325,8 @@ class Median(Aggregator):
         return median_rows(data)
 
 
-class TrimmedMean(Aggregator):
-    """Coordinate-wise trimmed mean (not in the seeds, D15; Yin et al., ICML 2018).
+class TrimmedMean(Aggregator, name="trimmed_mean", aliases=("trmean",)):
+    """Coordinate-wise trimmed mean (in none of the sources, R9; Yin et al., ICML 2018).
 
     Per coordinate, sort the n values, drop the f smallest and the f largest and average the
     n - 2f left: ``out[j] = (1/(n-2f)) sum_{k=f+1}^{n-f} x_(k)[j]``. Requires n >= 2f+1;
@@ -325,7 +334,6 @@ class TrimmedMean(Aggregator):
     per coordinate are always trimmed when they sit at one end (and at most f per end in general).
     """
 
-    name = "trimmed_mean"
     requirement = "n >= 2f+1"
 
     @classmethod
@@ -349,17 +357,16 @@ def _krum_scores(dist: Tensor, neighbours: int) -> Tensor:
     return torch.topk(others, neighbours, dim=1, largest=False).values.sum(dim=1)
 
 
-class MultiKrum(Aggregator):
-    """Multi-Krum [000:602-610]: average of the m vectors with the smallest Krum scores.
+class MultiKrum(Aggregator, name="multi_krum", aliases=("multikrum",)):
+    """Multi-Krum (thesis §3.3.1, eqs. (3.7)-(3.8)): average of the m vectors with the smallest Krum scores.
 
     ``s(i) = sum_{i -> j} ||x_i - x_j||^2`` over the n - f - 2 vectors closest to x_i (squared
-    distances, Eq. 3.7; D8), ``S = (m) argmin_i s(i)`` (Eq. 3.8), output ``(1/m) sum_{i in S}
-    x_i``. Default m = n - f - 2 (D9); m = 1 is Krum. Requires n >= 2f+3; cost O(n^2 d).
+    distances, eq. (3.7); R7), ``S = (m) argmin_i s(i)`` (eq. (3.8)), output ``(1/m) sum_{i in S}
+    x_i``. Default m = n - f - 2 (R8); m = 1 is Krum. Requires n >= 2f+3; cost O(n^2 d).
     Ties go to the lower input index. Non-finite inputs are infinitely far from everything and
     ranked last, so they are never among the m chosen while n - f >= m finite inputs exist.
     """
 
-    name = "multi_krum"
     requirement = "n >= 2f+3"
 
     def __init__(self, n: int, f: int = 0, *, m: int | None = None) -> None:
@@ -391,13 +398,11 @@ class MultiKrum(Aggregator):
         return f"{type(self).__name__}(n={self.n}, f={self.f}, m={self.m})"
 
 
-class Krum(MultiKrum):
-    """Krum [000:602-610]: the single vector with the smallest score (Multi-Krum with m = 1).
+class Krum(MultiKrum, name="krum"):
+    """Krum (thesis §3.3.1, eqs. (3.7)-(3.8)): the single vector with the smallest score (Multi-Krum with m = 1).
 
     Requires n >= 2f+3; cost O(n^2 d). Returns a copy of the selected input.
     """
-
-    name = "krum"
 
     def __init__(self, n: int, f: int = 0) -> None:
         super().__init__(n, f, m=1)
@@ -408,19 +413,18 @@ def _chunks(combos: Iterator[tuple[int, ...]], size: int) -> Iterator[list[tuple
         yield chunk
 
 
-class MDA(Aggregator):
-    """Minimum-diameter averaging [000:612-627]: average of the tightest subset of n - f inputs.
+class MDA(Aggregator, name="mda", aliases=("minimum_diameter_averaging",)):
+    """Minimum-diameter averaging (thesis §3.3.1, eqs. (3.9)-(3.10)): average of the tightest subset of n - f inputs.
 
-    ``S = argmin_{M subset of X, |M| = n-f} max_{x_i, x_j in M} ||x_i - x_j||`` (Eq. 3.9), output
-    ``(1/(n-f)) sum_{x in S} x`` (Eq. 3.10). Requires n >= 2f+1. Exhaustive search: cost
-    O(C(n, f) (n-f)^2 + n^2 d) -- exponential when f grows with n [000:627] -- so the rule refuses
+    ``S = argmin_{M subset of X, |M| = n-f} max_{x_i, x_j in M} ||x_i - x_j||`` (eq. (3.9)), output
+    ``(1/(n-f)) sum_{x in S} x`` (eq. (3.10)). Requires n >= 2f+1. Exhaustive search: cost
+    O(C(n, f) (n-f)^2 + n^2 d) -- exponential when f grows with n (§3.3.1, footnote 1) -- so the rule refuses
     at construction (``ComplexityLimitError``) when C(n, f) exceeds ``max_subsets``
     (default 1,000,000, about a second on a CPU). Ties go to the first subset in lexicographic
     order. A subset holding a non-finite input has infinite diameter and loses to every finite
     subset.
     """
 
-    name = "mda"
     requirement = "n >= 2f+1"
     #: Subsets evaluated per vectorised step; bounds memory to chunk * (n-f)^2 distances.
     chunk_size: ClassVar[int] = 4096
@@ -467,15 +471,15 @@ class MDA(Aggregator):
         return data[self._select(data)].mean(dim=0)
 
 
-class Bulyan(Aggregator):
-    """Bulyan with Krum inside (thesis Algorithm 1 [000:629-666]; El Mhamdi et al., ICML 2018).
+class Bulyan(Aggregator, name="bulyan"):
+    """Bulyan with Krum inside (thesis §3.3.1, Algorithm 1; El Mhamdi et al., ICML 2018).
 
     1. Selection: theta = n - 2f times, run Krum on the inputs not yet selected and move the
-       winner to the selection set (D7: the thesis' ``theta = n - 2f`` with Krum as the inner
-       GAR). Pairwise distances are computed once and reused (as Garfield caches them
-       [000:752]). Krum on r remaining inputs sums r - f - 2 neighbours; the last two rounds
+       winner to the selection set (R6: the thesis' ``theta = n - 2f`` with Krum as the inner
+       GAR). Pairwise distances are computed once and reused (as Garfield caches them,
+       thesis §3.4.4). Krum on r remaining inputs sums r - f - 2 neighbours; the last two rounds
        would have 0 or fewer, so at least 1 neighbour is used (the closest pair wins).
-    2. Per coordinate j: M[j] = median of the theta selected values (D6 for even theta); output
+    2. Per coordinate j: M[j] = median of the theta selected values (R5 for even theta); output
        the average of the beta = n - 4f selected values closest to M[j].
 
     Ties break by input index everywhere: the distance matrix is exactly symmetric, so the two
@@ -487,7 +491,6 @@ class Bulyan(Aggregator):
     selections are finite, since n - f >= theta.
     """
 
-    name = "bulyan"
     requirement = "n >= 4f+3"
 
     @classmethod

@@ -13,10 +13,10 @@ attackers against a rule built for f = 3, or more attackers than declared to sho
     rule = get_aggregator("krum", n=11, f=3)                    # declared f = 3
     update = rule(gather_replies(replies, q=11))
 
-Attacks listed by Garfield [000:692], [003:119] and evaluated there [000:949]: random vectors,
+Attacks listed by Garfield (thesis §3.3.2; Garfield paper §3.2) and evaluated there (thesis §3.6.5): random vectors,
 reversed and amplified vectors (x -100), dropped vectors, "A Little Is Enough" and "Fall of
-Empires". The seeds give no parameters for the last two (digest 2.4 [gap]); they come from the
-original papers, cited per class.
+Empires". The sources give no parameters for the last two; they come from the original papers, cited per
+class (see docs/references.md).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from torch import Tensor
 from ._tensors import Inputs, as_matrix
 from .aggregators import check_count
 from .errors import InputMismatchError, InvalidParameterError
+from .names import ATTACKS
 
 __all__ = [
     "ALittleIsEnough",
@@ -57,6 +58,16 @@ class Attack(abc.ABC):
     """Base of the attacks: ``Attack(n_byzantine, seed=...)(honest) -> list[Tensor | None]``."""
 
     name: ClassVar[str]
+    aliases: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(
+        cls, *, name: str | None = None, aliases: tuple[str, ...] = (), **kwargs: object
+    ) -> None:
+        """``class X(Attack, name="x", aliases=(...))`` registers X (see :mod:`.names`)."""
+        super().__init_subclass__(**kwargs)
+        if name is not None:
+            cls.name, cls.aliases = name, aliases
+            ATTACKS.add(cls, name, aliases)
 
     def __init__(self, n_byzantine: int = 1, *, seed: int | None = None) -> None:
         self.n_byzantine = check_count("n_byzantine", n_byzantine, 0)
@@ -86,16 +97,14 @@ class Attack(abc.ABC):
         return f"{type(self).__name__}(n_byzantine={self.n_byzantine})"
 
 
-class RandomAttack(Attack):
+class RandomAttack(Attack, name="random"):
     """Random vectors: each attacker sends an independent draw from N(mean, std^2) per coordinate.
 
-    Garfield's "random" attack [000:949] ("reply replaced by random values"); the seeds give no
+    Garfield's "random" attack (thesis §3.6.5, "reply replaced by random values"); the sources give no
     distribution, so a Gaussian with ``mean``/``std`` parameters is used. Draws come from this
     object's CPU generator (then moved to the honest device), so a seed gives the same vectors
     on every device.
     """
-
-    name = "random"
 
     def __init__(
         self,
@@ -118,15 +127,13 @@ class RandomAttack(Attack):
         return (draws * self.std + self.mean).to(honest.device)
 
 
-class ReverseAttack(Attack):
+class ReverseAttack(Attack, name="reverse", aliases=("reversed",)):
     """Reversed and amplified: attacker j sends ``factor * g_j`` with ``factor = -100``.
 
-    The Garfield evaluation's "reversed and amplified (x -100)" reply [000:949], [003:348].
+    The Garfield evaluation's "reversed and amplified (x -100)" reply (thesis §3.6.5, Figure 3.5; Garfield paper §6.5).
     An attacker reverses the gradient it would honestly have sent; here attacker j takes
     honest vector j mod h as its own.
     """
-
-    name = "reverse"
 
     def __init__(
         self, n_byzantine: int = 1, *, seed: int | None = None, factor: float = -100.0
@@ -139,14 +146,12 @@ class ReverseAttack(Attack):
         return honest[own] * self.factor
 
 
-class DropAttack(Attack):
-    """Dropped vectors: the attackers send nothing, represented as ``None`` [000:692].
+class DropAttack(Attack, name="drop", aliases=("dropped",)):
+    """Dropped vectors: the attackers send nothing, represented as ``None`` (thesis §3.3.2).
 
     The server cannot wait for them: it aggregates the fastest q replies
     (:func:`~hapi_client.robust.gather_replies`, Garfield's ``get_gradients(t, q)``).
     """
-
-    name = "drop"
 
     def _forge(self, honest: Tensor) -> None:
         return None
@@ -172,7 +177,7 @@ def alie_z_max(n_workers: int, n_byzantine: int) -> float:
     return NormalDist().inv_cdf(p)
 
 
-class ALittleIsEnough(Attack):
+class ALittleIsEnough(Attack, name="alie", aliases=("a_little_is_enough", "little_is_enough")):
     """The "A Little Is Enough" attack (Baruch et al., NeurIPS 2019): all send mu - z * sigma.
 
     mu and sigma are the coordinate-wise mean and standard deviation (unbiased, as
@@ -181,8 +186,6 @@ class ALittleIsEnough(Attack):
     attackers. The shift stays within the honest spread per coordinate, which is what lets it
     pass median- and distance-based rules. Needs at least 2 honest vectors.
     """
-
-    name = "alie"
 
     def __init__(
         self,
@@ -212,7 +215,9 @@ class ALittleIsEnough(Attack):
         return (mu - z * sigma).unsqueeze(0).expand(self.n_byzantine, -1)
 
 
-class FallOfEmpires(Attack):
+class FallOfEmpires(
+    Attack, name="foe", aliases=("fall_of_empires", "inner_product_manipulation", "ipm")
+):
     """The "Fall of Empires" inner-product manipulation (Xie, Koyejo and Gupta, UAI 2020).
 
     Every attacker sends ``-epsilon * mean(honest)``, so the aggregate's inner product with the
@@ -220,8 +225,6 @@ class FallOfEmpires(Attack):
     Byzantine vectors close to the honest ones (the paper's setting against Krum); a large
     epsilon flips the mean outright.
     """
-
-    name = "foe"
 
     def __init__(
         self, n_byzantine: int = 1, *, seed: int | None = None, epsilon: float = 0.1
@@ -233,14 +236,12 @@ class FallOfEmpires(Attack):
         return (-self.epsilon * honest.mean(dim=0)).unsqueeze(0).expand(self.n_byzantine, -1)
 
 
-class NonFiniteAttack(Attack):
+class NonFiniteAttack(Attack, name="nonfinite"):
     """Every attacker sends a vector filled with ``value`` (NaN by default, or +-Inf).
 
-    Not in the seeds: a test and benchmark aid for the rules' non-finite handling (ByzFL has
+    In none of the sources: a test and benchmark aid for the rules' non-finite handling (ByzFL has
     the same idea as its ``Inf`` attack).
     """
-
-    name = "nonfinite"
 
     def __init__(
         self, n_byzantine: int = 1, *, seed: int | None = None, value: float = math.nan

@@ -1,36 +1,36 @@
-"""LB-BSP batch balancing for heterogeneous workers (Chen et al., IEEE TCC; seed 002).
+"""LB-BSP batch balancing for heterogeneous workers (Chen et al., IEEE TCC).
 
 Load-balanced BSP keeps synchronous SGD but gives faster workers more samples, so that every
 worker finishes its iteration at about the same time; the global batch X = sum_i x_i never
-changes [002:134-159]. Measurements and adjustments happen only at iteration boundaries
-("semi-dynamic", [002:115-126]); the batch size is the only knob, so no data moves.
+changes (LB-BSP §3.1; sources in docs/references.md). Measurements and adjustments happen
+only at iteration boundaries ("semi-dynamic", LB-BSP §2.3); the batch size is the only knob, so no data moves.
 
-:class:`BatchBalancer` is Algorithm 2 of the paper (the GPU variant, [002:250-273]) without
+:class:`BatchBalancer` is Algorithm 2 of the paper (the GPU variant, LB-BSP §3.3.2) without
 any ``torch.distributed``: after each iteration the caller passes every worker's measured
 iteration time (and, optionally, which workers are close to their memory limit) and gets the
 assignment for the next iteration.
 
 - leader = the fastest worker among those *not* near their memory limit (the paper excludes
-  workers with more than 95 % of GPU memory in use, [002:252], [002:266]); straggler = the
-  slowest worker [002:267];
+  workers with more than 95 % of GPU memory in use, Algorithm 2 line 2); straggler = the
+  slowest worker (line 3);
 - if the leader was faster than the straggler in each of the last D iterations, move Delta
-  samples from the straggler to the leader [002:268-269];
+  samples from the straggler to the leader (lines 7-8);
 - fast-approach phase: Delta = 5, D = 5; once the assignment oscillates (a former leader is now
-  the straggler, or a former straggler now the leader [002:256]) switch for good to the
-  fine-tune phase: Delta = 1, D = 20 [002:262], [002:273]. The switching iteration moves
+  the straggler, or a former straggler now the leader, §3.3.2) switch for good to the
+  fine-tune phase: Delta = 1, D = 20 (the *Require* line and line 9). The switching iteration moves
   nothing, as in Algorithm 2 (line 9-10).
 
 Deliberate differences from Algorithm 2:
 
 - the paper leaves the assignment unchanged when the straggler holds <= Delta samples and warns
-  "remove this straggler" [002:269-272]; here the straggler gives what it has above
+  "remove this straggler" (Algorithm 2, lines 5-6); here the straggler gives what it has above
   ``min_batch`` (default 1) and the warning (and :attr:`BatchBalancer.removal_candidate`) only
   comes once it is down to ``min_batch``, so every worker keeps at least one sample;
 - the observation window slides over the last D measured iterations, including those before
   the previous move (the paper's ``for all h in {k-D, ..., k-1}``).
 
 The weighted average that must go with unequal batches is
-:class:`~hapi_client.robust.BatchWeightedAverage` ([002:291-296]).
+:class:`~hapi_client.robust.BatchWeightedAverage` (LB-BSP §3.4, eq. (7)).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ __all__ = ["MEMORY_LIMIT_FRACTION", "BatchBalancer", "Phase", "even_split", "nea
 logger = logging.getLogger(__name__)
 
 #: A worker using more than this fraction of its accelerator memory takes no more samples
-#: (LB-BSP excludes workers with less than 5 % free memory from being the leader, [002:252]).
+#: (LB-BSP excludes workers with less than 5 % free memory from being the leader, LB-BSP §3.3.2).
 MEMORY_LIMIT_FRACTION = 0.95
 
 
@@ -178,7 +178,7 @@ class BatchBalancer:
         """Report one iteration and get the batch sizes for the next one.
 
         ``times[i]``: worker i's measured time for the iteration just finished, with its current
-        batch size (compute plus non-overlapped communication, [002:134]). ``near_limit[i]``:
+        batch size (compute plus non-overlapped communication, LB-BSP §3.1). ``near_limit[i]``:
         True if worker i is close to its memory limit (see :func:`near_memory_limit`); such a
         worker is never given more samples.
         """

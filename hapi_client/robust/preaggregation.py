@@ -2,7 +2,7 @@
 
 A step maps n vectors to n' vectors (n' = n except for bucketing); ``Chain(step..., rule)``
 checks at construction that each step's output count is the next one's ``n``. None of these
-steps is in the seeds; they follow ByzFL's pre-aggregators (``byzfl.aggregators.preaggregators``)
+steps is in the sources (docs/references.md); they follow ByzFL's pre-aggregators (``byzfl.aggregators.preaggregators``)
 and their papers:
 
 - :class:`NearestNeighborMixing` (NNM; Allouah et al., AISTATS 2023): each x_i becomes the mean
@@ -39,6 +39,7 @@ from ._tensors import (
 )
 from .aggregators import Aggregator, check_count
 from .errors import InvalidParameterError, RequirementError
+from .names import PREAGGREGATORS
 
 __all__ = ["Bucketing", "Chain", "Clipping", "NearestNeighborMixing", "PreAggregator"]
 
@@ -51,6 +52,16 @@ class PreAggregator(abc.ABC):
     """
 
     name: ClassVar[str]
+    aliases: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(
+        cls, *, name: str | None = None, aliases: tuple[str, ...] = (), **kwargs: object
+    ) -> None:
+        """``class X(PreAggregator, name="x", aliases=(...))`` registers X (see :mod:`.names`)."""
+        super().__init_subclass__(**kwargs)
+        if name is not None:
+            cls.name, cls.aliases = name, aliases
+            PREAGGREGATORS.add(cls, name, aliases)
 
     def __init__(self, n: int, f: int = 0) -> None:
         self.n = check_count("n", n, 1)
@@ -78,7 +89,7 @@ class PreAggregator(abc.ABC):
         return f"{type(self).__name__}(n={self.n}, f={self.f})"
 
 
-class NearestNeighborMixing(PreAggregator):
+class NearestNeighborMixing(PreAggregator, name="nnm", aliases=("nearest_neighbor_mixing",)):
     """NNM: replace each x_i by the mean of its n - f nearest vectors, itself included.
 
     ``y_i = (1/(n-f)) sum_{j in N_i} x_j`` with N_i the n - f indices closest to x_i in l2
@@ -87,8 +98,6 @@ class NearestNeighborMixing(PreAggregator):
     Non-finite rows are left as they are; a finite row whose n - f neighbours cannot all be
     finite (more than f non-finite inputs) becomes NaN rather than a silently biased mean.
     """
-
-    name = "nnm"
 
     def __init__(self, n: int, f: int = 0) -> None:
         super().__init__(n, f)
@@ -112,7 +121,7 @@ class NearestNeighborMixing(PreAggregator):
         return torch.where(finite.unsqueeze(1), mixed, data)
 
 
-class Bucketing(PreAggregator):
+class Bucketing(PreAggregator, name="bucketing"):
     """Bucketing: random permutation, then the mean of each bucket of ``s`` vectors.
 
     Outputs ceil(n/s) vectors; the last bucket holds the n mod s leftovers when s does not
@@ -121,8 +130,6 @@ class Bucketing(PreAggregator):
     ``seed`` fixes the sequence of permutations (one per call); None draws a fresh seed.
     A bucket with a non-finite input is non-finite. Cost O(nd).
     """
-
-    name = "bucketing"
 
     def __init__(self, n: int, f: int = 0, *, s: int = 2, seed: int | None = None) -> None:
         super().__init__(n, f)
@@ -173,7 +180,7 @@ class Bucketing(PreAggregator):
         return f"{type(self).__name__}(n={self.n}, s={self.s}, seed={self.seed})"
 
 
-class Clipping(PreAggregator):
+class Clipping(PreAggregator, name="clipping", aliases=("clip",)):
     """Static l2 clipping: ``y_i = x_i * min(1, c / ||x_i||)``.
 
     Bounds the influence of any single vector to norm ``c`` (default 2.0, ByzFL's default).
@@ -181,8 +188,6 @@ class Clipping(PreAggregator):
     finite vector is clipped rather than zeroed. Non-finite rows are passed through unchanged.
     Cost O(nd).
     """
-
-    name = "clipping"
 
     def __init__(self, n: int, f: int = 0, *, c: float = 2.0) -> None:
         super().__init__(n, f)

@@ -4,6 +4,9 @@
 ``get_aggregator("krum", n=11, f=3, pre=["nnm", ("clipping", {"c": 1.0})])`` builds
 ``Chain(NNM(11, 3), Clipping(11, 3, c=1.0), Krum(11, 3))``; the rule after a bucketing step is
 built for the bucket count. Names are case-insensitive and ``-`` equals ``_``.
+
+A class is registered where it is defined (``class Krum(MultiKrum, name="krum")``, see
+:mod:`.names`); this module only looks the names up and builds.
 """
 
 from __future__ import annotations
@@ -15,28 +18,11 @@ from typing import Protocol, TypeVar
 from torch import Tensor
 
 from ._tensors import Inputs
-from .aggregators import (
-    MDA,
-    Aggregator,
-    Average,
-    BatchWeightedAverage,
-    Bulyan,
-    Krum,
-    Median,
-    MultiKrum,
-    TrimmedMean,
-)
-from .attacks import (
-    ALittleIsEnough,
-    Attack,
-    DropAttack,
-    FallOfEmpires,
-    NonFiniteAttack,
-    RandomAttack,
-    ReverseAttack,
-)
-from .errors import InvalidParameterError, UnknownNameError
-from .preaggregation import Bucketing, Chain, Clipping, NearestNeighborMixing, PreAggregator
+from .aggregators import Aggregator
+from .attacks import Attack
+from .errors import InvalidParameterError
+from .names import AGGREGATORS, ATTACKS, PREAGGREGATORS
+from .preaggregation import Chain, PreAggregator
 
 __all__ = [
     "AggregationRule",
@@ -63,58 +49,7 @@ class AggregationRule(Protocol):
 #: One entry of ``pre``: a step name, or (name, parameters).
 PreStep = str | tuple[str, Mapping[str, object]]
 
-_AGGREGATORS: dict[str, type[Aggregator]] = {
-    cls.name: cls
-    for cls in (Average, BatchWeightedAverage, Median, TrimmedMean, Krum, MultiKrum, MDA, Bulyan)
-}
-_PREAGGREGATORS: dict[str, type[PreAggregator]] = {
-    cls.name: cls for cls in (NearestNeighborMixing, Bucketing, Clipping)
-}
-_ATTACKS: dict[str, type[Attack]] = {
-    cls.name: cls
-    for cls in (
-        RandomAttack,
-        ReverseAttack,
-        DropAttack,
-        ALittleIsEnough,
-        FallOfEmpires,
-        NonFiniteAttack,
-    )
-}
-_ALIASES = {
-    "mean": "average",
-    "batch_weighted_average": "weighted_average",
-    "multikrum": "multi_krum",
-    "trmean": "trimmed_mean",
-    "minimum_diameter_averaging": "mda",
-    "nearest_neighbor_mixing": "nnm",
-    "clip": "clipping",
-    "reversed": "reverse",
-    "dropped": "drop",
-    "a_little_is_enough": "alie",
-    "little_is_enough": "alie",
-    "fall_of_empires": "foe",
-    "inner_product_manipulation": "foe",
-    "ipm": "foe",
-}
-
 T = TypeVar("T")
-
-
-def _normalise(name: str) -> str:
-    key = name.strip().lower().replace("-", "_").replace(" ", "_")
-    return _ALIASES.get(key, key)
-
-
-def _lookup(kind: str, table: Mapping[str, type[T]], name: str) -> type[T]:
-    if not isinstance(name, str):
-        raise UnknownNameError(f"{kind} name must be a string, got {type(name).__name__}")
-    try:
-        return table[_normalise(name)]
-    except KeyError:
-        raise UnknownNameError(
-            f"unknown {kind} {name!r}; known: {', '.join(sorted(table))}"
-        ) from None
 
 
 def _build(cls: type[T], *args: object, **params: object) -> T:
@@ -131,27 +66,27 @@ def _build(cls: type[T], *args: object, **params: object) -> T:
 
 def list_aggregators() -> list[str]:
     """Registered rule names, sorted."""
-    return sorted(_AGGREGATORS)
+    return sorted(AGGREGATORS.load())
 
 
 def list_preaggregators() -> list[str]:
     """Registered pre-aggregation step names, sorted."""
-    return sorted(_PREAGGREGATORS)
+    return sorted(PREAGGREGATORS.load())
 
 
 def list_attacks() -> list[str]:
     """Registered attack names, sorted."""
-    return sorted(_ATTACKS)
+    return sorted(ATTACKS.load())
 
 
 def aggregator_class(name: str) -> type[Aggregator]:
     """The rule class behind ``name`` (e.g. for ``aggregator_class("bulyan").max_f(n)``)."""
-    return _lookup("aggregator", _AGGREGATORS, name)
+    return AGGREGATORS.lookup(name)
 
 
 def get_preaggregator(name: str, *, n: int, f: int = 0, **params: object) -> PreAggregator:
     """Build the pre-aggregation step ``name`` for ``n`` inputs (``f`` where it is used)."""
-    return _build(_lookup("pre-aggregator", _PREAGGREGATORS, name), n, f, **params)
+    return _build(PREAGGREGATORS.lookup(name), n, f, **params)
 
 
 def get_aggregator(
@@ -170,7 +105,7 @@ def get_aggregator(
     :class:`~hapi_client.robust.errors.RequirementError` when (n, f) breaks a requirement and
     :class:`~hapi_client.robust.errors.UnknownNameError` for an unknown name.
     """
-    rule_cls = _lookup("aggregator", _AGGREGATORS, name)
+    rule_cls = AGGREGATORS.lookup(name)
     if not pre:
         return _build(rule_cls, n, f, **params)
     steps: list[PreAggregator] = []
@@ -188,4 +123,4 @@ def get_aggregator(
 
 def get_attack(name: str, **params: object) -> Attack:
     """Build attack ``name`` (e.g. ``get_attack("alie", n_byzantine=3)``)."""
-    return _build(_lookup("attack", _ATTACKS, name), **params)
+    return _build(ATTACKS.lookup(name), **params)

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 from torch import nn
 
 from ..errors import PretrainedWeightsUnavailableError
 
 
-def flatten_sequential(prefix: str, seq: nn.Sequential) -> list[tuple[str, nn.Module]]:
-    """The children of a container as named layers (``features.0``, ``features.1``, ...)."""
-    return [(f"{prefix}.{name}", module) for name, module in seq.named_children()]
+def named_layers(
+    net: nn.Module, names: Sequence[str], replaced: Mapping[str, nn.Module] | None = None
+) -> list[tuple[str, nn.Module]]:
+    """The layers ``names`` of ``net``, in order: its submodules of those names, or ``replaced``'s.
+
+    Each architecture declares its layer names once, and its :class:`~..registry.ModelSpec`
+    counts them; ``replaced`` holds the layers that are not a submodule as they are (a pool with
+    the flatten torchvision's ``forward`` does, a classifier with its functional prelude).
+    """
+    replaced = replaced or {}
+    return [
+        (name, replaced[name] if name in replaced else net.get_submodule(name)) for name in names
+    ]
 
 
 def pool_then_flatten(pool: nn.Module) -> nn.Module:

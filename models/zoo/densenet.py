@@ -8,41 +8,39 @@ then the linear layer) = 22 layers (Table 5.2). Freeze 20 trains norm5 and the c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from torch import nn
 
 from ..registry import ModelSpec, register
 from ..splittable import SplittableModel
 from ..transforms import InputTransform
-from ._common import flatten_sequential, no_offline_weights, torchvision_factory
-
-if TYPE_CHECKING:
-    from torchvision import models as tvm
+from ._common import named_layers, no_offline_weights, torchvision_factory
 
 IMAGENET = InputTransform()
 FREEZE = 20
+_TRANSITION = ("norm", "relu", "conv", "pool")
 
 
-def _layers(net: tvm.DenseNet) -> list[tuple[str, nn.Module]]:
-    layers: list[tuple[str, nn.Module]] = []
-    for name, module in net.features.named_children():
-        if name.startswith("transition"):
-            layers += flatten_sequential(f"features.{name}", module)
-        else:
-            layers.append((f"features.{name}", module))
-    head = nn.Sequential(nn.ReLU(), nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(1), net.classifier)
-    layers.append(("classifier", head))
-    return layers
+def _layer_names(blocks: int = 4) -> tuple[str, ...]:
+    names = ["features.conv0", "features.norm0", "features.relu0", "features.pool0"]
+    for i in range(1, blocks + 1):
+        names.append(f"features.denseblock{i}")
+        if i < blocks:
+            names += [f"features.transition{i}.{part}" for part in _TRANSITION]
+    return (*names, "features.norm5", "classifier")
+
+
+LAYER_NAMES = _layer_names()
 
 
 def _build(num_classes: int, pretrained: bool) -> SplittableModel:
     if pretrained:
         raise no_offline_weights("densenet121")
     net = torchvision_factory("densenet121")(weights=None, num_classes=num_classes)
+    classifier = net.get_submodule("classifier")
+    head = nn.Sequential(nn.ReLU(), nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(1), classifier)
     return SplittableModel(
         "densenet121",
-        _layers(net),
+        named_layers(net, LAYER_NAMES, {"classifier": head}),
         default_freeze_index=FREEZE,
         transform=IMAGENET,
         num_classes=num_classes,
@@ -55,7 +53,7 @@ register(
         name="densenet121",
         builder=_build,
         default_freeze_index=FREEZE,
-        num_layers=22,
+        layer_names=LAYER_NAMES,
         transform=IMAGENET,
         has_pretrained=False,
         description="torchvision densenet121, one layer per dense block, transitions flattened",

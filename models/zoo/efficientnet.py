@@ -26,6 +26,7 @@ from ..errors import WeightsError
 from ..registry import ModelSpec, register
 from ..splittable import SplittableModel
 from ..transforms import InputTransform
+from ._common import named_layers
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,17 @@ FREEZE = 18
 # timm's pretrained config for tf_efficientnet_lite0: bicubic 224 at crop_pct 0.875, inputs in [-1, 1].
 TRANSFORM = InputTransform(resize=256, crop=224, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
 IMAGENET_CLASSES = 1000
+#: Inverted-residual blocks per stage of ``blocks`` (each block is one layer).
+STAGES = (1, 2, 2, 3, 3, 4, 1)
+LAYER_NAMES = (
+    "conv_stem",
+    "bn1",
+    *(f"blocks.{s}.{b}" for s, count in enumerate(STAGES) for b in range(count)),
+    "conv_head",
+    "bn2",
+    "global_pool",
+    "classifier",
+)
 
 
 def cache_dir() -> Path:
@@ -89,22 +101,13 @@ def _build(num_classes: int, pretrained: bool) -> SplittableModel:
     net = _timm_net()
     if pretrained:
         net.load_state_dict(imagenet_state_dict())
-    part = dict(net.named_children())
-    classifier = cast(nn.Linear, part["classifier"])
+    classifier = cast(nn.Linear, net.get_submodule("classifier"))
     if num_classes != IMAGENET_CLASSES:
         # In the timm network too, so that a timm checkpoint of this class count maps onto it.
         classifier = nn.Linear(classifier.in_features, num_classes)
         net.classifier = classifier
-    layers: list[tuple[str, nn.Module]] = [("conv_stem", part["conv_stem"]), ("bn1", part["bn1"])]
-    for s, stage in enumerate(cast(nn.Sequential, part["blocks"])):
-        for b, block in enumerate(cast(nn.Sequential, stage)):
-            layers.append((f"blocks.{s}.{b}", block))
-    layers += [
-        ("conv_head", part["conv_head"]),
-        ("bn2", part["bn2"]),
-        ("global_pool", part["global_pool"]),
-        ("classifier", nn.Sequential(nn.Dropout(0.2), classifier)),
-    ]
+    head = nn.Sequential(nn.Dropout(0.2), classifier)
+    layers = named_layers(net, LAYER_NAMES, {"classifier": head})
     return SplittableModel(
         ARCH,
         layers,
@@ -120,7 +123,7 @@ register(
         name=ARCH,
         builder=_build,
         default_freeze_index=FREEZE,
-        num_layers=22,
+        layer_names=LAYER_NAMES,
         transform=TRANSFORM,
         has_pretrained=True,
         description="EfficientNet-Lite0 (timm) with packaged ImageNet weights; one layer per block",

@@ -22,54 +22,62 @@ from torch import nn
 from ..registry import ModelSpec, register
 from ..splittable import SplittableModel
 from ..transforms import InputTransform
-from ._common import flatten_sequential, no_offline_weights, pool_then_flatten, torchvision_factory
+from ._common import named_layers, no_offline_weights, pool_then_flatten, torchvision_factory
 
 IMAGENET = InputTransform()
 
 
-def _split_features_classifier(
-    arch: str, net: nn.Module, freeze: int, num_classes: int
-) -> SplittableModel:
-    features = cast(nn.Sequential, net.features)
-    classifier = cast(nn.Sequential, net.classifier)
-    layers = [
-        *flatten_sequential("features", features),
-        ("avgpool", pool_then_flatten(cast(nn.Module, net.avgpool))),
-        *flatten_sequential("classifier", classifier),
-    ]
-    return SplittableModel(
-        arch,
-        layers,
-        default_freeze_index=freeze,
-        transform=IMAGENET,
-        num_classes=num_classes,
-        native=net,
+def _vgg(convs_per_stage: tuple[int, ...]) -> tuple[str, ...]:
+    """VGG's ``features``: per stage, a conv and a ReLU per conv, then a max pool."""
+    return tuple(m for convs in convs_per_stage for m in ("conv", "relu") * convs + ("pool",))
+
+
+#: The modules of each ``features`` and ``classifier`` container, in torchvision's order.
+_ALEXNET_FEATURES = ("conv", "relu", "pool") * 2 + ("conv", "relu") * 3 + ("pool",)
+_ALEXNET_CLASSIFIER = ("dropout", "fc", "relu") * 2 + ("fc",)
+_VGG_CLASSIFIER = ("fc", "relu", "dropout") * 2 + ("fc",)
+
+
+def _layer_names(features: tuple[str, ...], classifier: tuple[str, ...]) -> tuple[str, ...]:
+    return (
+        *(f"features.{i}" for i in range(len(features))),
+        "avgpool",
+        *(f"classifier.{i}" for i in range(len(classifier))),
     )
 
 
-def _builder(arch: str, freeze: int):  # type: ignore[no-untyped-def]
+def _builder(arch: str, freeze: int, names: tuple[str, ...]):  # type: ignore[no-untyped-def]
     def build(num_classes: int, pretrained: bool) -> SplittableModel:
         if pretrained:
             raise no_offline_weights(arch)
         net = torchvision_factory(arch)(weights=None, num_classes=num_classes)
-        return _split_features_classifier(arch, net, freeze, num_classes)
+        avgpool = pool_then_flatten(cast(nn.Module, net.avgpool))
+        return SplittableModel(
+            arch,
+            named_layers(net, names, {"avgpool": avgpool}),
+            default_freeze_index=freeze,
+            transform=IMAGENET,
+            num_classes=num_classes,
+            native=net,
+        )
 
     return build
 
 
-for _arch, _freeze, _layers in (
-    ("alexnet", 17, 21),
-    ("vgg11", 25, 29),
-    ("vgg19", 36, 45),
+for _arch, _freeze, _features, _classifier in (
+    ("alexnet", 17, _ALEXNET_FEATURES, _ALEXNET_CLASSIFIER),
+    ("vgg11", 25, _vgg((1, 1, 2, 2, 2)), _VGG_CLASSIFIER),
+    ("vgg19", 36, _vgg((2, 2, 4, 4, 4)), _VGG_CLASSIFIER),
 ):
+    _names = _layer_names(_features, _classifier)
     register(
         ModelSpec(
             name=_arch,
-            builder=_builder(_arch, _freeze),
+            builder=_builder(_arch, _freeze, _names),
             default_freeze_index=_freeze,
-            num_layers=_layers,
+            layer_names=_names,
             transform=IMAGENET,
             has_pretrained=False,
-            description=f"torchvision {_arch}, features/classifier flattened ({_layers} layers)",
+            description=f"torchvision {_arch}, features/classifier flattened ({len(_names)} layers)",
         )
     )

@@ -9,42 +9,34 @@ ResNet50: the same with 3 + 4 + 6 + 3 bottlenecks = 22 layers, freeze 20 trains 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from torch import nn
 
 from ..registry import ModelSpec, register
 from ..splittable import SplittableModel
 from ..transforms import InputTransform
-from ._common import flatten_sequential, no_offline_weights, pool_then_flatten, torchvision_factory
-
-if TYPE_CHECKING:
-    from torchvision import models as tvm
+from ._common import named_layers, no_offline_weights, pool_then_flatten, torchvision_factory
 
 IMAGENET = InputTransform()
 
 
-def _layers(net: tvm.ResNet) -> list[tuple[str, nn.Module]]:
-    layers: list[tuple[str, nn.Module]] = [
-        ("conv1", net.conv1),
-        ("bn1", net.bn1),
-        ("relu", net.relu),
-        ("maxpool", net.maxpool),
-    ]
-    for stage in ("layer1", "layer2", "layer3", "layer4"):
-        layers += flatten_sequential(stage, getattr(net, stage))
-    layers += [("avgpool", pool_then_flatten(net.avgpool)), ("fc", net.fc)]
-    return layers
+def layer_names(blocks: tuple[int, ...]) -> tuple[str, ...]:
+    """The stem, ``blocks[i]`` residual blocks of stage ``layer{i+1}``, the pool and ``fc``."""
+    stages = [f"layer{s}.{b}" for s, count in enumerate(blocks, 1) for b in range(count)]
+    return ("conv1", "bn1", "relu", "maxpool", *stages, "avgpool", "fc")
 
 
-def _builder(arch: str, freeze: int):  # type: ignore[no-untyped-def]
+def _layers(net: nn.Module, names: tuple[str, ...]) -> list[tuple[str, nn.Module]]:
+    return named_layers(net, names, {"avgpool": pool_then_flatten(net.get_submodule("avgpool"))})
+
+
+def _builder(arch: str, freeze: int, names: tuple[str, ...]):  # type: ignore[no-untyped-def]
     def build(num_classes: int, pretrained: bool) -> SplittableModel:
         if pretrained:
             raise no_offline_weights(arch)
         net = torchvision_factory(arch)(weights=None, num_classes=num_classes)
         return SplittableModel(
             arch,
-            _layers(net),
+            _layers(net, names),
             default_freeze_index=freeze,
             transform=IMAGENET,
             num_classes=num_classes,
@@ -54,18 +46,19 @@ def _builder(arch: str, freeze: int):  # type: ignore[no-untyped-def]
     return build
 
 
-for _arch, _freeze, _n in (
-    ("resnet18", 11, 14),
-    ("resnet50", 20, 22),
+for _arch, _freeze, _blocks in (
+    ("resnet18", 11, (2, 2, 2, 2)),
+    ("resnet50", 20, (3, 4, 6, 3)),
 ):
+    _names = layer_names(_blocks)
     register(
         ModelSpec(
             name=_arch,
-            builder=_builder(_arch, _freeze),
+            builder=_builder(_arch, _freeze, _names),
             default_freeze_index=_freeze,
-            num_layers=_n,
+            layer_names=_names,
             transform=IMAGENET,
             has_pretrained=False,
-            description=f"torchvision {_arch}, one layer per residual block ({_n} layers)",
+            description=f"torchvision {_arch}, one layer per residual block ({len(_names)} layers)",
         )
     )

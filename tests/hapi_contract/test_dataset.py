@@ -13,7 +13,7 @@ from hapi_contract.dataset import (
     MAX_MANIFEST_BYTES,
     DatasetManifest,
     InvalidManifestError,
-    InvalidShardError,
+    ShardFormatError,
     ShardInfo,
     ShardSample,
     image_extension_of,
@@ -115,7 +115,7 @@ def test_helpers() -> None:
 
 
 def _expect_invalid(data: bytes, match: str, **limits: int) -> None:
-    with pytest.raises(InvalidShardError, match=match):
+    with pytest.raises(ShardFormatError, match=match):
         read_shard(data, **limits)
 
 
@@ -236,7 +236,7 @@ def test_truncation_anywhere_is_detected() -> None:
     members_end = _members_end(data)
     cuts += [members_end, members_end + 512, members_end + 1023]
     for cut in cuts:
-        with pytest.raises(InvalidShardError):
+        with pytest.raises(ShardFormatError):
             read_shard(data[:cut])
     assert len(read_shard(data[: members_end + 1024])) == 3
 
@@ -252,7 +252,7 @@ def test_garbage_in_the_middle_is_detected() -> None:
     with tarfile.open(fileobj=io.BytesIO(bytes(data))) as tar:
         second_sample_header = tar.getmembers()[2].offset
     data[second_sample_header : second_sample_header + 8] = b"garbage!"
-    with pytest.raises(InvalidShardError, match="end-of-archive"):
+    with pytest.raises(ShardFormatError, match="end-of-archive"):
         read_shard(bytes(data))
 
 
@@ -283,12 +283,12 @@ def test_shard_errors_belong_to_the_contract_tree() -> None:
 def test_write_shard_rejects_invalid_samples(
     sample: tuple[str, bytes, str, int], match: str
 ) -> None:
-    with pytest.raises(InvalidShardError, match=match):
+    with pytest.raises(ShardFormatError, match=match):
         write_shard([sample])
 
 
 def test_write_shard_rejects_duplicated_keys() -> None:
-    with pytest.raises(InvalidShardError, match="duplicated key"):
+    with pytest.raises(ShardFormatError, match="duplicated key"):
         write_shard([("a", PNG, "png", 1), ("b", PNG, "png", 1), ("a", PNG, "png", 2)])
 
 

@@ -66,7 +66,7 @@ def test_split_matches_the_torchvision_forward() -> None:
     net = resnet18(num_classes=5).eval()
     model = hm.SplittableModel(
         "resnet18",
-        _layers(net),
+        _layers(net, hm.get_spec("resnet18").layer_names),
         default_freeze_index=11,
         transform=hm.InputTransform(),
         num_classes=5,

@@ -21,7 +21,7 @@ from hapi_client.datasets import (
     iter_shards,
     list_sources,
 )
-from hapi_contract.dataset import InvalidShardError, md5_hex, read_shard, shard_name
+from hapi_contract.dataset import ShardFormatError, md5_hex, read_shard, shard_name
 
 
 @pytest.fixture
@@ -162,7 +162,7 @@ def test_iter_shards_rejects_labels_outside_the_classes() -> None:
 
 
 def test_iter_shards_rejects_non_images() -> None:
-    with pytest.raises(InvalidShardError, match="neither JPEG nor PNG"):
+    with pytest.raises(ShardFormatError, match="neither JPEG nor PNG"):
         list(iter_shards([SourceSample(b"BM....", "png", 0)], 10, num_classes=1))
 
 

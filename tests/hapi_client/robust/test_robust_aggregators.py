@@ -235,7 +235,7 @@ def test_call_validation() -> None:
 
 def test_median_even_count_is_mean_of_two_middle_values() -> None:
     x = torch.tensor([[4.0, -1.0], [1.0, 2.0], [10.0, 8.0], [2.0, 6.0]])
-    # sorted columns: (1, 2, 4, 10) -> 3.0 and (-1, 2, 6, 8) -> 4.0 (D6, not torch's lower one)
+    # sorted columns: (1, 2, 4, 10) -> 3.0 and (-1, 2, 6, 8) -> 4.0 (reading R5 of docs/references.md, not torch's lower one)
     torch.testing.assert_close(Median(4, 1)(x), torch.tensor([3.0, 4.0]))
     y = torch.randn(6, 101)
     np.testing.assert_allclose(Median(6, 2)(y).numpy(), np.median(y.numpy(), axis=0), rtol=1e-6)
@@ -250,7 +250,7 @@ def test_trimmed_mean_drops_f_from_each_end() -> None:
 
 
 def test_krum_scores_use_squared_distances() -> None:
-    # 1-D points where the squared-distance score (Eq. 3.7, D8) picks 3.0 while a plain l2
+    # 1-D points where the squared-distance score (thesis eq. (3.7), reading R7) picks 3.0 while a plain l2
     # score would pick 16.0 (n=5, f=1 -> 2 neighbours).
     x = torch.tensor([[0.0], [3.0], [9.0], [16.0], [17.0]])
     rule = Krum(5, 1)
@@ -260,7 +260,7 @@ def test_krum_scores_use_squared_distances() -> None:
 
 def test_multi_krum_default_m_and_average_of_selection() -> None:
     rule = MultiKrum(7, 1)
-    assert rule.m == 4  # n - f - 2 (D9)
+    assert rule.m == 4  # n - f - 2 (reading R8)
     x = torch.tensor([[0.0], [0.1], [0.2], [0.3], [5.0], [-7.0], [30.0]])
     assert sorted(rule.select(x)) == [0, 1, 2, 3]
     torch.testing.assert_close(rule(x), torch.tensor([0.15]))

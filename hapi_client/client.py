@@ -1,20 +1,28 @@
-"""The client object: one HAPI endpoint plus the caller's Swift credentials."""
+"""The connection: one HAPI endpoint plus the caller's Swift credentials.
+
+:class:`HapiClient` is the bottom of the client package: the Swift session, the transport to
+the HAPI server (or Swift's filter), the bandwidth estimate they share and the retry policy.
+It imports nothing that trains; what trains (the recipe, the feature dataset, the multi-worker
+trainer) sits above it and takes the pieces it needs.
+"""
 
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from hapi_contract import DatasetManifest
 
 from .bandwidth import BandwidthEstimator
 from .datasets import DatasetError, load_manifest
 from .errors import ConfigurationError, SwiftAccessError
-from .finetune import run_finetune
 from .retry import RetryPolicy
 from .swift_session import SwiftCredentials, SwiftSession
 from .throttle import TokenBucket
 from .transport import HapiTransport
+
+if TYPE_CHECKING:
+    from .finetune import run_finetune
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:8090"
 
@@ -74,10 +82,21 @@ class HapiClient:
         except DatasetError as exc:
             raise SwiftAccessError(str(exc)) from exc
 
-    #: The recipe, :func:`~hapi_client.finetune.run_finetune`, as a method: fine-tune a stored
-    #: model on a dataset container (``client.finetune(model=..., container=..., ...)``). For
-    #: a loop of your own, use :class:`~hapi_client.FeatureDataset` instead.
-    finetune = run_finetune
+    if TYPE_CHECKING:  # what type checkers see: the recipe's own signature
+        finetune = run_finetune
+    else:
+
+        def finetune(self, **kwargs):
+            """The recipe on this connection: ``run_finetune(client, **kwargs)``.
+
+            A convenience kept for ``client.finetune(model=..., container=..., ...)``; the
+            recipe, :func:`~hapi_client.finetune.run_finetune`, is imported only when called (the
+            connection does not load the trainer). For a loop of your own, use
+            :class:`~hapi_client.FeatureDataset` instead.
+            """
+            from .finetune import run_finetune  # the recipe sits above the connection
+
+            return run_finetune(self, **kwargs)
 
     def close(self) -> None:
         self.transport.close()

@@ -203,7 +203,7 @@ class FeatureDataset(IterableDataset[Batch]):
         )
         self.verifier = (
             PushdownVerifier(
-                client,
+                client.swift,
                 self.prepared.net,
                 self.prepared.transform,
                 verify_fraction,
@@ -387,7 +387,8 @@ class FeatureDataset(IterableDataset[Batch]):
     def _loader(self, split: int) -> ShardLoader:
         p = self.prepared
         return make_shard_loader(
-            self.client,
+            self.client.swift,
+            self.client.transport,
             p.manifest,
             self.container,
             split=split,

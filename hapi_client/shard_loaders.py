@@ -34,7 +34,8 @@ from .model_store import StoredModel
 from .pipeline import LoadedShard, ShardLoader
 
 if TYPE_CHECKING:
-    from .client import HapiClient
+    from .swift_session import SwiftSession
+    from .transport import HapiTransport
 
 __all__ = ["PushdownVerifier", "hapi_loader", "make_shard_loader", "raw_loader"]
 
@@ -51,7 +52,7 @@ VERIFY_TOLERANCE: dict[OutputDtype, float] = {
 
 
 def raw_loader(
-    client: HapiClient,
+    swift: SwiftSession,
     manifest: DatasetManifest,
     container: str,
     transform: hapi_models.InputTransform,
@@ -60,7 +61,7 @@ def raw_loader(
 
     def load(k: int) -> LoadedShard:
         info = manifest.shards[k]
-        data, _ = client.swift.get(container, info.name)
+        data, _ = swift.get(container, info.name)
         samples = read_shard(data)
         x = transform.decode_batch([s.image_bytes for s in samples])
         y = torch.tensor([s.label for s in samples], dtype=torch.int64)
@@ -78,7 +79,7 @@ class PushdownVerifier:
     the chosen samples run through the local copy of layers ``[0, split)``.
     """
 
-    client: HapiClient
+    swift: SwiftSession
     net: hapi_models.SplittableModel
     transform: hapi_models.InputTransform
     fraction: float
@@ -104,7 +105,7 @@ class PushdownVerifier:
         rng = random.Random(f"{self.seed}/{container}/{shard_name}/{split}")
         if self.fraction == 0.0 or rng.random() >= self.fraction:
             return
-        data, _ = self.client.swift.get(container, shard_name, observe=False)
+        data, _ = self.swift.get(container, shard_name, observe=False)
         stored = read_shard(data)
         picks = sorted(rng.sample(range(len(stored)), min(self.samples, len(stored))))
         labels = torch.tensor([stored[i].label for i in picks], dtype=torch.int64)
@@ -135,7 +136,7 @@ class PushdownVerifier:
 
 
 def hapi_loader(
-    client: HapiClient,
+    transport: HapiTransport,
     manifest: DatasetManifest,
     container: str,
     stored: StoredModel,
@@ -170,7 +171,7 @@ def hapi_loader(
             output_dtype=dtype,
             compression=compression,
         )
-        got = client.transport.extract(req, num_samples=info.samples)
+        got = transport.extract(req, num_samples=info.samples)
         feats = got.features if got.features.dtype == torch.float32 else got.features.float()
         loaded = LoadedShard(feats, got.labels, got.wire_bytes, got.attempts)
         if verifier is not None:
@@ -183,7 +184,8 @@ def hapi_loader(
 
 
 def make_shard_loader(
-    client: HapiClient,
+    swift: SwiftSession,
+    transport: HapiTransport,
     manifest: DatasetManifest,
     container: str,
     *,
@@ -197,11 +199,12 @@ def make_shard_loader(
     cache: FeatureCache | None = None,
     verifier: PushdownVerifier | None = None,
 ) -> ShardLoader:
-    """Split 0 (or no ``stored`` model): raw shards decoded locally; else HAPI features."""
+    """Split 0 (or no ``stored`` model): raw shards decoded locally from ``swift``; else HAPI
+    features through ``transport``."""
     if split == 0 or stored is None:
-        return raw_loader(client, manifest, container, transform)
+        return raw_loader(swift, manifest, container, transform)
     return hapi_loader(
-        client,
+        transport,
         manifest,
         container,
         stored,

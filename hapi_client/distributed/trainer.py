@@ -236,7 +236,8 @@ class _Run:
 
         def loader_for(manifest: DatasetManifest, container: str) -> ShardLoader:
             return make_shard_loader(
-                client,
+                client.swift,
+                client.transport,
                 manifest,
                 container,
                 split=replica.split,

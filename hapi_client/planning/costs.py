@@ -35,8 +35,9 @@ from ..errors import ConfigurationError, HapiClientError
 from .time_rule import ClientCosts, ServerCosts
 
 if TYPE_CHECKING:
-    from ..client import HapiClient
     from ..preparation import PreparedModel
+    from ..swift_session import SwiftSession
+    from ..transport import HapiTransport
 
 __all__ = ["PipelineCosts", "measure_client_costs", "measure_pipeline_costs"]
 
@@ -133,20 +134,21 @@ def measure_client_costs(
 
 
 def _sample_images(
-    client: HapiClient, container: str, shard: str, stored_bytes_per_sample: float
+    swift: SwiftSession, container: str, shard: str, stored_bytes_per_sample: float
 ) -> tuple[list[bytes], float]:
     """The first images of ``shard`` and the rate they came at (a ranged read that also feeds
     the bandwidth estimate)."""
-    if client.bandwidth.bytes_per_s is None:
+    if swift.bandwidth is None or swift.bandwidth.bytes_per_s is None:
         nbytes = 8 << 20  # the bandwidth probe's usual size: long enough to time
     else:
         nbytes = int((DECODE_SAMPLES + 1) * (stored_bytes_per_sample + 1536))
-    rate, data = client.swift.read_prefix(container, shard, nbytes)
+    rate, data = swift.read_prefix(container, shard, nbytes)
     return images_in_prefix(data, DECODE_SAMPLES), rate
 
 
 def measure_pipeline_costs(
-    client: HapiClient,
+    swift: SwiftSession,
+    transport: HapiTransport,
     prepared: PreparedModel,
     container: str,
     *,
@@ -155,11 +157,12 @@ def measure_pipeline_costs(
     device: torch.device,
     b_max: int,
 ) -> PipelineCosts:
-    """The client's and the server's costs of every split up to the freeze index."""
+    """The client's and the server's costs of every split up to the freeze index: the images
+    are read from ``swift``, the server's timings asked for through ``transport``."""
     manifest = prepared.manifest
     shard = manifest.shards[0]
     images, rate = _sample_images(
-        client, container, shard.name, manifest.mean_shard_bytes_per_sample
+        swift, container, shard.name, manifest.mean_shard_bytes_per_sample
     )
     client_costs = measure_client_costs(
         prepared.net, prepared.transform, prepared.freeze_index, images, device
@@ -182,7 +185,7 @@ def measure_pipeline_costs(
         samples=min(TIMING_BATCH, shard.samples, b_max),
     )
     try:
-        got = client.transport.timings(req)
+        got = transport.timings(req)
     except HapiClientError as exc:
         log.warning("the server's timings are unavailable (%s): split by Algorithm 2", exc)
         return PipelineCosts(

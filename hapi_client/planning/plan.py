@@ -145,7 +145,8 @@ def plan_split(
         measured = costs
         if choice == "auto" and measured is None:
             measured = measure_pipeline_costs(
-                client,
+                client.swift,
+                client.transport,
                 prepared,
                 container,
                 output_dtype=output_dtype,

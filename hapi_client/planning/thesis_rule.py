@@ -1,7 +1,7 @@
 """The thesis' split rule: Algorithm 2, made precise (``split="thesis"``).
 
-HAPI's default rule predicts time instead (:mod:`hapi_client.planning.time_rule`); this one stays, under
-its own name, as the thesis states it, with one fix to its fallback (below).
+HAPI's default rule predicts time instead (:mod:`hapi_client.planning.time_rule`); this one
+stays, under its own name, as the thesis states it, with one fix to its fallback (below).
 
 As DESIGN.md states it (digest D1, D2):
 

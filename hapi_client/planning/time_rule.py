@@ -1,10 +1,10 @@
 """Choosing the split by predicted time per iteration (HAPI's default rule).
 
-Thesis Algorithm 2 (:mod:`hapi_client.planning.thesis_rule`) looks at bytes only: the earliest layer whose
-output fits one second of bandwidth. What a user waits for is time, and a split moves work as
-well as bytes: every layer before it runs on the server, every layer after it on the client. So
-for every split ``s`` from 0 (raw streaming) to the freeze index this rule predicts the three
-stages of the pipeline per training iteration of ``batch`` samples:
+Thesis Algorithm 2 (:mod:`hapi_client.planning.thesis_rule`) looks at bytes only: the earliest
+layer whose output fits one second of bandwidth. What a user waits for is time, and a split moves
+work as well as bytes: every layer before it runs on the server, every layer after it on the
+client. So for every split ``s`` from 0 (raw streaming) to the freeze index this rule predicts
+the three stages of the pipeline per training iteration of ``batch`` samples:
 
 * **server**: decoding the stored images, layers ``[0, s)`` and encoding the features, measured
   on the server's own device (``POST /v1/timings``), scaled by ``1 + load`` when other requests

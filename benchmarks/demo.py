@@ -28,9 +28,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import hapi_models
-
 from hapi_client.finetune import Mode
+from hapi_client.options import ExtractOptions, TrainOptions
 
 from .data import ensure_dataset, ensure_models, photos_spec
 from .regime import measure_regime
@@ -180,13 +179,14 @@ def demo_job(
             train.container,
             train.manifest,
             rate,
-            batch_size=cfg.batch_size,
-            split="auto",
-            freeze_index=cfg.freeze_index,
-            prefetch=cfg.prefetch,
+            train=TrainOptions(batch_size=cfg.batch_size, epochs=cfg.epochs, lr=cfg.lr),
+            extract=ExtractOptions(
+                split="auto",
+                freeze_index=cfg.freeze_index,
+                prefetch=cfg.prefetch,
+                cache_features=False,
+            ),
             eval_container=test.container,
-            epochs=cfg.epochs,
-            optimizer=hapi_models.OptimizerConfig("sgd", cfg.lr, 0.9, 0.0),
         )
         result, row = measured_finetune(testbed, spec, check, rate_from_first_data=False)
         if result.split is not None:

@@ -5,19 +5,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import hapi_models
 
 from hapi_client import FinetuneResult, RetryPolicy, StoredModel
-from hapi_contract import (
-    DEFAULT_COMPRESSION,
-    DEFAULT_OUTPUT_DTYPE,
-    DatasetManifest,
-    ExtractRequest,
-    TransformSpec,
-)
+from hapi_client.options import ExtractOptions, TrainOptions
+from hapi_contract import DatasetManifest, ExtractRequest, TransformSpec
 
 from .data import MODELS_CONTAINER
 from .errors import BenchError
@@ -39,22 +34,13 @@ class RunSpec:
     container: str
     manifest: DatasetManifest
     rate_mbit: float | None
-    batch_size: int = 64
-    split: int | Literal["auto", "freeze"] = "auto"
-    freeze_index: int | None = None
-    prefetch: int | None = None
-    """Shards in flight (requests or downloads); None: the client's default."""
+    train: TrainOptions = field(default_factory=TrainOptions)
+    extract: ExtractOptions = field(default_factory=lambda: ExtractOptions(cache_features=False))
+    """The library's options (a measured epoch extracts: no feature cache by default);
+    ``hapi_bench.wire_dtypes`` measured the wire dtypes, ``prefetch`` is shards in flight."""
     eval_container: str | None = None
-    epochs: int = 1
-    image_size: int | None = None
-    cache_features: bool = False
     progress: bool = True
-    seed: int = 0
-    optimizer: Any = None
     via: Literal["hapi", "swift"] = "hapi"
-    output_dtype: str = DEFAULT_OUTPUT_DTYPE.value
-    """Features on the wire (``hapi_bench.wire_dtypes`` measured the choices)."""
-    compression: str = DEFAULT_COMPRESSION.value
 
 
 def warm_server(
@@ -147,19 +133,10 @@ def measured_finetune(
                 model=spec.model,
                 container=spec.container,
                 eval_container=spec.eval_container,
-                batch_size=spec.batch_size,
-                epochs=spec.epochs,
                 mode=spec.mode,
-                split=spec.split,
-                freeze_index=spec.freeze_index,
-                prefetch=spec.prefetch,
-                seed=spec.seed,
-                image_size=spec.image_size,
-                cache_features=spec.cache_features,
+                train=spec.train,
+                extract=spec.extract,
                 progress=spec.progress,
-                optimizer=spec.optimizer,
-                output_dtype=spec.output_dtype,
-                compression=spec.compression,
             )
         ended = time.perf_counter()
     finally:
@@ -189,13 +166,13 @@ def measured_finetune(
         "dataset_source": manifest.source,
         "num_samples": manifest.num_samples,
         "stored_bytes_per_sample": round(manifest.mean_shard_bytes_per_sample, 1),
-        "batch_size": spec.batch_size,
+        "batch_size": spec.train.batch_size,
         "shard_size": manifest.shard_size,
         "freeze_index": result.freeze_index,
         "split_index": first.split_index,
         "split_reason": split.reason if split else None,
-        "output_dtype": spec.output_dtype,
-        "compression": spec.compression,
+        "output_dtype": spec.extract.output_dtype.value,
+        "compression": spec.extract.compression.value,
         "bandwidth_estimate_mbit": None
         if first.bandwidth_mbit_s is None
         else round(first.bandwidth_mbit_s, 2),

@@ -24,6 +24,7 @@ from typing import Any, cast
 import hapi_models
 
 from hapi_client.finetune import Mode
+from hapi_client.options import TrainOptions
 
 from .data import ensure_photos_and_models
 from .plots import plot_e2e
@@ -160,7 +161,7 @@ def run_e2e(testbed: Testbed, out_dir: str, quick: bool = True, tiny: bool = Fal
                 train.container,
                 train.manifest,
                 rate,  # type: ignore[arg-type]
-                batch_size=grid.batch_size,
+                train=TrainOptions(batch_size=grid.batch_size),
                 progress=not tiny,
             )
             _, row = measured_finetune(testbed, spec, check)

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from hapi_client import FinetuneResult, StoredModel
+from hapi_client.options import ExtractOptions, TrainOptions
+from hapi_client.planning import SplitChoice
 
 from .data import DatasetReady, ensure_photos_and_models
 from .results import ResultSet
@@ -56,15 +58,15 @@ class _Point:
     check: LinkCheck
     measured: dict[int, float] = field(default_factory=dict)
 
-    def run(self, split: int | str, rule: str) -> FinetuneResult:
+    def run(self, split: SplitChoice, rule: str) -> FinetuneResult:
         spec = RunSpec(
             self.model,
             "hapi",
             self.train.container,
             self.train.manifest,
             self.rate,
-            batch_size=BATCH,
-            split=split,  # type: ignore[arg-type]
+            train=TrainOptions(batch_size=BATCH),
+            extract=ExtractOptions(split=split, cache_features=False),
             progress=False,
         )
         result, row = measured_finetune(self.testbed, spec, self.check)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from hapi_client.options import ExtractOptions, TrainOptions
+
 from .data import ensure_photos_and_models
 from .plots import plot_proxy
 from .results import ResultSet
@@ -64,8 +66,8 @@ def run_proxy(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
                 data.container,
                 data.manifest,
                 RATE_MBIT,
-                batch_size=50,
-                split="freeze",
+                train=TrainOptions(batch_size=50),
+                extract=ExtractOptions(split="freeze", cache_features=False),
                 progress=False,
                 via="swift",
             )

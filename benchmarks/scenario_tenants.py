@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hapi_client.options import ExtractOptions, TrainOptions
+
 from .data import ensure_photos_and_models
 from .instrument import Sampler
 from .plots import plot_tenants
@@ -120,8 +122,8 @@ def run_tenants(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
                     data.container,
                     data.manifest,  # type: ignore[arg-type]
                     RATE_MBIT,
-                    batch_size=SHARD,
-                    split="freeze",
+                    train=TrainOptions(batch_size=SHARD),
+                    extract=ExtractOptions(split="freeze", cache_features=False),
                     progress=False,
                 )
                 for i in range(n)

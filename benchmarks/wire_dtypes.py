@@ -39,8 +39,9 @@ from typing import Any
 import hapi_models
 import torch
 
-from hapi_client import OptimizerConfig, RetryPolicy, choose_split_index, pretrained_model
+from hapi_client import RetryPolicy, choose_split_index, pretrained_model
 from hapi_client.datasets import get_source, iter_shards
+from hapi_client.options import ExtractOptions, TrainOptions
 from hapi_contract import DEFAULT_COMPRESSION, DEFAULT_OUTPUT_DTYPE, Compression, OutputDtype
 from hapi_contract.frames import FrameEncoder
 
@@ -115,15 +116,14 @@ def accuracy_rows(
                 model=stored,
                 container=train.container,
                 eval_container=test.container,
-                batch_size=64,
-                epochs=epochs,
-                split="freeze",
-                image_size=128,
-                optimizer=OptimizerConfig("adam", lr=1e-3),
-                seed=0,
-                output_dtype=setting.dtype.value,
-                compression=setting.compression.value,
-                cache_features=True,
+                train=TrainOptions(batch_size=64, epochs=epochs, optimizer="adam", lr=1e-3),
+                extract=ExtractOptions(
+                    split="freeze",
+                    image_size=128,
+                    output_dtype=setting.dtype,
+                    compression=setting.compression,
+                    cache_features=True,
+                ),
                 verify_fraction=1.0,
                 progress=False,
             )

@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hapi_contract import DEFAULT_COMPRESSION, DEFAULT_OUTPUT_DTYPE
 
 from . import workers
 from .choices import DEFAULT_AUTH_URL, DEFAULT_ENDPOINT, DEFAULT_RETRY_BUDGET_S, MODES
 from .tables import format_table
+
+if TYPE_CHECKING:
+    from hapi_client.options import ExtractOptions, TrainOptions
 
 # hapi_client and hapi_models load torch, so _run imports them; their errors (HapiClientError,
 # HapiModelError) count as user errors by their package (see main).
@@ -28,13 +32,39 @@ def _split(value: str) -> int | str:
         ) from None
 
 
+def options_from_args(args: argparse.Namespace) -> tuple[TrainOptions, ExtractOptions]:
+    """The shared option objects that ``hapi finetune``'s arguments describe (one or several
+    workers alike)."""
+    from hapi_client.options import ExtractOptions, TrainOptions
+
+    train = TrainOptions(
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        optimizer=args.optimizer,
+        lr=args.lr,
+        momentum=args.momentum,
+        weight_decay=args.weight_decay,
+        seed=args.seed,
+    )
+    extract = ExtractOptions(
+        split=args.split,
+        freeze_index=args.freeze_index,
+        image_size=args.image_size,
+        output_dtype=args.dtype,
+        compression=args.compression,
+        cache_features=not args.no_cache,
+    )
+    return train, extract
+
+
 def _run(args: argparse.Namespace) -> int:
     if getattr(args, "workers", 1) > 1:
         return workers.run_from_args(args)
     import hapi_models
 
-    from hapi_client import HapiClient, OptimizerConfig, SwiftCredentials
+    from hapi_client import HapiClient, SwiftCredentials
 
+    train, extract = options_from_args(args)
     creds = SwiftCredentials(
         args.auth_url or os.environ.get("ST_AUTH") or DEFAULT_AUTH_URL,
         args.user or os.environ.get("ST_USER") or "test:tester",
@@ -54,18 +84,10 @@ def _run(args: argparse.Namespace) -> int:
             model=args.model,
             container=args.container,
             eval_container=args.eval_container,
-            freeze_index=args.freeze_index,
-            batch_size=args.batch_size,
-            epochs=args.epochs,
-            optimizer=OptimizerConfig(args.optimizer, args.lr, args.momentum, args.weight_decay),
-            device=args.device,
             mode=args.mode,
-            split=args.split,
-            seed=args.seed,
-            output_dtype=args.dtype,
-            compression=args.compression,
-            image_size=args.image_size,
-            cache_features=not args.no_cache,
+            train=train,
+            extract=extract,
+            device=args.device,
             progress=not args.quiet,
         )
     if result.split is not None:

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         resolve_model,
         upload_model,
     )
+    from .options import ExtractOptions, TrainOptions
     from .planning import SplitDecision, choose_split_index, plan_split
     from .preparation import PreparedModel, prepare_model
     from .retry import DEFAULT_RETRY_BUDGET_S
@@ -54,6 +55,7 @@ __all__ = [
     "ConfigurationError",
     "DeliveryError",
     "EpochMetrics",
+    "ExtractOptions",
     "FeatureCache",
     "FeatureDataset",
     "LocalModel",
@@ -77,6 +79,7 @@ __all__ = [
     "SwiftSession",
     "SwiftUnavailableError",
     "TokenBucket",
+    "TrainOptions",
     "choose_split_index",
     "download_model",
     "resolve_model",

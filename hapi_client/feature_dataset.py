@@ -42,6 +42,7 @@ from hapi_contract import (
 from .errors import ConfigurationError
 from .feature_cache import FeatureCache
 from .model_store import StoredModel
+from .options import ExtractOptions, TrainOptions
 from .pipeline import EpochCounters, ShardLoader, iterate_batches, plan_epoch, rank_share
 from .planning import PipelineCosts, SplitChoice, SplitDecision, plan_split
 from .preparation import PreparedModel, cos_batch_cap, prepare_model
@@ -223,6 +224,45 @@ class FeatureDataset(IterableDataset[Batch]):
         self._locals: weakref.WeakSet[LocalModel] = weakref.WeakSet()
         self.last_counters = EpochCounters()
         len(self)  # refuses at once a share that cannot work (fewer shards than ranks...)
+
+    @classmethod
+    def from_options(
+        cls,
+        client: HapiClient,
+        container: str,
+        prepared: PreparedModel,
+        *,
+        train: TrainOptions,
+        extract: ExtractOptions,
+        mode: Literal["hapi", "baseline"] = "hapi",
+        shuffle: bool = True,
+        rank: int | None = None,
+        world_size: int | None = None,
+        verify_fraction: float = 0.0,
+        verify_samples: int = 4,
+    ) -> FeatureDataset:
+        """The dataset of a prepared model (:func:`~hapi_client.preparation.prepare_model`,
+        which applied ``extract``'s freeze index and crop size) under the shared options."""
+        return cls(
+            client,
+            container,
+            prepared.stored,
+            batch_size=train.batch_size,
+            split=extract.split,
+            mode=mode,
+            seed=train.seed,
+            shuffle=shuffle,
+            rank=rank,
+            world_size=world_size,
+            output_dtype=extract.output_dtype,
+            compression=extract.compression,
+            b_max=extract.b_max,
+            cache_features=extract.cache_features,
+            prefetch=extract.prefetch,
+            verify_fraction=verify_fraction,
+            verify_samples=verify_samples,
+            prepared=prepared,
+        )
 
     # -- what the user reads ------------------------------------------------------------------
 

@@ -22,21 +22,14 @@ import hapi_models
 import torch
 from tqdm import tqdm
 
-from hapi_contract import (
-    DEFAULT_COMPRESSION,
-    DEFAULT_OUTPUT_DTYPE,
-    Compression,
-    FinetuneRequest,
-    OptimizerSpec,
-    OutputDtype,
-    TransformSpec,
-)
+from hapi_contract import FinetuneRequest, OptimizerSpec, TransformSpec
 
 from .errors import ConfigurationError
 from .feature_dataset import FeatureDataset, LocalModel
 from .metrics import EpochSummary
 from .model_store import StoredModel
-from .planning import SplitChoice, SplitDecision
+from .options import ExtractOptions, TrainOptions
+from .planning import SplitDecision
 from .preparation import PreparedModel, prepare_model
 
 if TYPE_CHECKING:
@@ -98,22 +91,12 @@ def run_finetune(
     model: str | StoredModel,
     container: str,
     eval_container: str | None = None,
-    num_classes: int | None = None,
-    freeze_index: int | None = None,
-    batch_size: int = 64,
-    epochs: int = 1,
-    optimizer: hapi_models.OptimizerConfig | None = None,
-    device: str = "cpu",
     mode: Mode = "hapi",
-    split: SplitChoice = "auto",
-    seed: int = 0,
-    output_dtype: str | OutputDtype = DEFAULT_OUTPUT_DTYPE,
-    compression: str | Compression = DEFAULT_COMPRESSION,
-    b_max: int | None = None,
-    cache_features: bool = True,
+    train: TrainOptions | None = None,
+    extract: ExtractOptions | None = None,
+    num_classes: int | None = None,
     transform: hapi_models.InputTransform | None = None,
-    image_size: int | None = None,
-    prefetch: int | None = None,
+    device: str = "cpu",
     progress: bool = True,
     max_iterations: int | None = None,
     verify_fraction: float = 0.0,
@@ -122,90 +105,84 @@ def run_finetune(
 
     Built from the pieces a user's own loop uses (:class:`~hapi_client.FeatureDataset` and its
     :meth:`~hapi_client.FeatureDataset.local_model`), so the same seed gives the same weights.
-    ``mode``: ``"hapi"`` (pushdown at ``split``), ``"baseline"`` (raw shards, every layer
-    here) or ``"all_in_cos"`` (the server fine-tunes too). ``eval_container``: held-out
-    accuracy after each epoch. ``max_iterations``: stop each epoch early (benchmarks).
+    ``mode``: ``"hapi"`` (pushdown at ``extract.split``), ``"baseline"`` (raw shards, every
+    layer here) or ``"all_in_cos"`` (the server fine-tunes too). ``train``: batch, epochs,
+    optimizer and seed (:class:`~hapi_client.TrainOptions`); ``extract``: split, freeze index,
+    crop size and how the features travel (:class:`~hapi_client.ExtractOptions`).
+    ``eval_container``: held-out accuracy after each epoch. ``max_iterations``: stop each
+    epoch early (benchmarks).
     """
     if mode not in MODES:
         raise ConfigurationError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
-    if batch_size < 1 or epochs < 1:
-        raise ConfigurationError("batch_size and epochs must be >= 1")
-    optimizer = optimizer or hapi_models.OptimizerConfig()
+    train = train or TrainOptions()
+    extract = extract or ExtractOptions()
     prepared = prepare_model(
         client,
         model,
         container,
         num_classes=num_classes,
-        freeze_index=freeze_index,
+        freeze_index=extract.freeze_index,
         transform=transform,
-        image_size=image_size,
-        seed=seed,
+        image_size=extract.image_size,
+        seed=train.seed,
     )
     if mode == "all_in_cos":
-        return _all_in_cos(
-            client, prepared, container, eval_container, batch_size, epochs, optimizer, seed, b_max
-        )
-    options = {
-        "batch_size": batch_size,
-        "seed": seed,
-        "output_dtype": output_dtype,
-        "compression": compression,
-        "b_max": b_max,
-        "cache_features": cache_features,
-        "prefetch": prefetch,
-        "mode": mode,
-        # The recipe is one process; multi-worker training is hapi_client.distributed's job.
-        "rank": 0,
-        "world_size": 1,
-    }
+        return _all_in_cos(client, prepared, container, eval_container, train, extract.b_max)
     start = time.perf_counter()
-    train = FeatureDataset(
+    # The recipe is one process; multi-worker training is hapi_client.distributed's job.
+    dataset = FeatureDataset.from_options(
         client,
         container,
-        prepared.stored,
-        split=split,
-        prepared=prepared,
+        prepared,
+        train=train,
+        extract=extract,
+        mode=mode,
+        rank=0,
+        world_size=1,
         verify_fraction=verify_fraction,
-        **options,  # type: ignore[arg-type]
     )
     split_seconds = time.perf_counter() - start
-    log.info("%s: split %d (%s)", prepared.stored.arch, train.split_index, train.decision.reason)
+    log.info(
+        "%s: split %d (%s)", prepared.stored.arch, dataset.split_index, dataset.decision.reason
+    )
     held_out: FeatureDataset | None = None
-    local = train.local_model(device)
-    opt = optimizer.build(local.trainable_parameters())
+    local = dataset.local_model(device)
+    opt = train.optimizer_config().build(local.trainable_parameters())
     history: list[EpochMetrics] = []
-    torch.manual_seed(seed)
-    for epoch in range(epochs):
-        train.set_epoch(epoch)
+    torch.manual_seed(train.seed)
+    for epoch in range(train.epochs):
+        dataset.set_epoch(epoch)
         start = time.perf_counter()
         local.train()
         bar = tqdm(
-            total=len(train),
-            desc=f"{mode} epoch {epoch + 1}/{epochs}",
+            total=len(dataset),
+            desc=f"{mode} epoch {epoch + 1}/{train.epochs}",
             unit="it",
             disable=not progress,
             leave=True,
         )
         arrivals: list[float] = []
-        batches = _with_progress(train, bar, start, max_iterations, arrivals)
+        batches = _with_progress(dataset, bar, start, max_iterations, arrivals)
         stats = hapi_models.train_batches(local, batches, opt, device)
         bar.close()
         seconds = time.perf_counter() - start
-        counters = train.last_counters
+        counters = dataset.last_counters
         eval_acc = None
         if eval_container is not None:
-            if held_out is None or held_out.split_index != train.split_index:
+            if held_out is None or held_out.split_index != dataset.split_index:
                 eval_prepared = dataclasses.replace(
                     prepared, manifest=client.manifest(eval_container)
                 )
-                held_out = FeatureDataset(
+                held_out = FeatureDataset.from_options(
                     client,
                     eval_container,
-                    prepared.stored,
-                    split=train.split_index,
-                    prepared=eval_prepared,
+                    eval_prepared,
+                    train=train,
+                    extract=extract.replace(split=dataset.split_index),
+                    mode=mode,
+                    rank=0,
+                    world_size=1,
                     shuffle=False,
-                    **options,  # type: ignore[arg-type]
                 )
             eval_acc = _evaluate(local, held_out, device)
         bw = client.bandwidth.bytes_per_s
@@ -213,7 +190,7 @@ def run_finetune(
             EpochMetrics(
                 epoch=epoch + 1,
                 mode=mode,
-                split_index=train.split_index,
+                split_index=dataset.split_index,
                 loss=stats.loss,
                 train_accuracy=stats.accuracy,
                 eval_accuracy=eval_acc,
@@ -232,11 +209,11 @@ def run_finetune(
         log.info("epoch %d: %s", epoch + 1, history[-1])
     net = local.full_model()
     net.eval()
-    extra: dict[str, Any] = {"cache_hits": train.cache.hits if train.cache else 0}
-    if train.verifier is not None:
-        extra["verified_shards"] = train.verifier.checked_shards
-        extra["verified_samples"] = train.verifier.checked_samples
-    decision = train.decision
+    extra: dict[str, Any] = {"cache_hits": dataset.cache.hits if dataset.cache else 0}
+    if dataset.verifier is not None:
+        extra["verified_shards"] = dataset.verifier.checked_shards
+        extra["verified_samples"] = dataset.verifier.checked_samples
+    decision = dataset.decision
     if mode == "baseline":
         decision = SplitDecision(
             0, "baseline: raw shards, every layer on the client", 0.0, 0.0, 0.0, ()
@@ -287,12 +264,10 @@ def _all_in_cos(
     prepared: PreparedModel,
     container: str,
     eval_container: str | None,
-    batch_size: int,
-    epochs: int,
-    optimizer: hapi_models.OptimizerConfig,
-    seed: int,
+    train: TrainOptions,
     b_max: int | None,
 ) -> FinetuneResult:
+    batch_size = train.batch_size
     stored, net, manifest = prepared.stored, prepared.net, prepared.manifest
     classes, freeze, transform = prepared.num_classes, prepared.freeze_index, prepared.transform
     req = FinetuneRequest(
@@ -303,9 +278,9 @@ def _all_in_cos(
         freeze_index=freeze,
         transform=TransformSpec.model_validate(transform),  # read by attribute, no mapping
         batch_size=batch_size,
-        epochs=epochs,
-        optimizer=OptimizerSpec.model_validate(optimizer),
-        seed=seed,
+        epochs=train.epochs,
+        optimizer=OptimizerSpec.model_validate(train.optimizer_config()),
+        seed=train.seed,
         b_max=b_max or batch_size,
     )
     start = time.perf_counter()

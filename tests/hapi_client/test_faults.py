@@ -43,6 +43,7 @@ from hapi_client import (
     upload_model,
 )
 from hapi_client.datasets import get_source, upload_dataset
+from hapi_client.options import ExtractOptions, TrainOptions
 from hapi_client.retry import RetryEvent
 from hapi_contract import ExtractRequest
 from hapi_stack import RunningStack, StackConfig, StackError, down, running_stack, up
@@ -194,14 +195,10 @@ def _run(
             result = client.finetune(
                 model=env.model.name,
                 container=env.container,
-                batch_size=4,
-                epochs=1,
-                optimizer=OPT,
-                split="freeze",
+                train=TrainOptions.with_optimizer(OPT, batch_size=4, seed=3),
+                extract=ExtractOptions(split="freeze", cache_features=False),
                 transform=SMALL,
-                cache_features=False,
                 progress=False,
-                seed=3,
             )
     finally:
         outage_seen.set()

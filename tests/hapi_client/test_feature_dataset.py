@@ -19,6 +19,7 @@ from hapi_client import (
     VerificationError,
 )
 from hapi_client.datasets import get_source, upload_dataset
+from hapi_client.options import ExtractOptions, TrainOptions
 from hapi_contract import ExtractRequest
 
 from .conftest import ClientEnv
@@ -83,12 +84,9 @@ def test_own_loop_gives_the_weights_of_the_recipe(
     recipe = client.finetune(
         model=client_env.models[MODEL].name,
         container=client_env.train,
-        batch_size=8,
-        epochs=2,
-        optimizer=OPT,
-        split="freeze",
+        train=TrainOptions.with_optimizer(OPT, batch_size=8, epochs=2, seed=3),
+        extract=ExtractOptions(split="freeze"),
         transform=SMALL,
-        seed=3,
         progress=False,
     )
     ours = model.full_model().state_dict()

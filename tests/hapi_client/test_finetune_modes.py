@@ -16,6 +16,7 @@ from hapi_client import (
     SwiftAccessError,
     SwiftCredentials,
 )
+from hapi_client.options import ExtractOptions, TrainOptions
 
 from .conftest import ClientEnv
 
@@ -28,20 +29,17 @@ def _manifest(env: ClientEnv, container: str | None = None):  # type: ignore[no-
         return client.manifest(container or env.train)
 
 
-def _run(env: ClientEnv, mode: str, **kw: object) -> object:
+def _run(env: ClientEnv, mode: str, eval_container: str | None = None, **kw: object) -> object:
     with env.client() as client:
         return client.finetune(
             model=env.models["efficientnet_lite0"].name,
             container=env.train,
-            batch_size=8,
-            epochs=1,
-            optimizer=OPT,
             mode=mode,
-            split="freeze",
+            train=TrainOptions.with_optimizer(OPT, batch_size=8, epochs=1, seed=3),
+            extract=ExtractOptions(split="freeze", **kw),  # type: ignore[arg-type]
             transform=SMALL,
             progress=False,
-            seed=3,
-            **kw,
+            eval_container=eval_container,
         )
 
 
@@ -80,10 +78,9 @@ def test_feature_cache_hits_on_epoch_two(client_env: ClientEnv) -> None:
         result = client.finetune(
             model=client_env.models["efficientnet_lite0"].name,
             container=client_env.train,
-            batch_size=8,
-            epochs=2,
+            train=TrainOptions(batch_size=8, epochs=2),
             mode="hapi",
-            split=12,
+            extract=ExtractOptions(split=12),
             transform=SMALL,
             progress=False,
         )
@@ -110,7 +107,7 @@ def test_bad_endpoint_is_a_clear_error(client_env: ClientEnv) -> None:
         client.finetune(
             model=client_env.models["efficientnet_lite0"].name,
             container=client_env.train,
-            split="freeze",
+            extract=ExtractOptions(split="freeze"),
             transform=SMALL,
             progress=False,
         )
@@ -190,14 +187,11 @@ def test_exactly_once_across_a_server_restart(client_env: ClientEnv) -> None:
         result = client.finetune(
             model=client_env.models["efficientnet_lite0"].name,
             container=client_env.train,
-            batch_size=8,
-            epochs=1,
+            train=TrainOptions(batch_size=8),
             mode="hapi",
-            split=10,
+            extract=ExtractOptions(split=10, cache_features=False, prefetch=2),
             transform=SMALL,
             progress=False,
-            cache_features=False,
-            prefetch=2,
         )
     assert result.history[0].samples == _manifest(client_env).num_samples
     manifest_labels = collections.Counter()

@@ -10,7 +10,8 @@ import torch
 from torchvision import models as tvm
 
 from hapi_cli.main import main as hapi
-from hapi_client import OptimizerConfig, SwiftSession, download_model, resolve_model
+from hapi_client import SwiftSession, download_model, resolve_model
+from hapi_client.options import ExtractOptions, TrainOptions
 
 from .conftest import ClientEnv
 
@@ -56,14 +57,11 @@ def test_torchvision_checkpoint_uploads_loads_and_finetunes(
         result = client.finetune(
             model="pretrained/resnet18",
             container=client_env.train,
-            batch_size=8,
-            epochs=1,
-            optimizer=OptimizerConfig("sgd", lr=0.01, momentum=0.9),
+            train=TrainOptions(batch_size=8, lr=0.01, momentum=0.9, seed=3),
             mode="hapi",
-            split="freeze",
+            extract=ExtractOptions(split="freeze"),
             transform=SMALL,
             progress=False,
-            seed=3,
         )
     assert result.history[0].split_index == 11
     # Frozen layers keep the checkpoint's weights; the classifier is the dataset's.

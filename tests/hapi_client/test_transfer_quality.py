@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hapi_client import OptimizerConfig
 from hapi_client.datasets import get_source, upload_dataset
+from hapi_client.options import ExtractOptions, TrainOptions
 
 from .conftest import ClientEnv
 
@@ -30,9 +30,8 @@ def test_thesis_rule_streams_tiny_images_raw(
         result = client.finetune(
             model=client_env.models["efficientnet_lite0"].name,
             container=fashion[0],
-            batch_size=64,
-            epochs=1,
-            split="thesis",
+            train=TrainOptions(batch_size=64),
+            extract=ExtractOptions(split="thesis"),
             progress=False,
             max_iterations=1,
         )
@@ -52,12 +51,9 @@ def test_fashion_mnist_reaches_085_through_hapi(
             model=client_env.models["efficientnet_lite0"].name,
             container=fashion[0],
             eval_container=fashion[1],
-            batch_size=64,
-            epochs=4,
-            split="freeze",
-            image_size=128,
+            train=TrainOptions(batch_size=64, epochs=4, optimizer="adam", lr=1e-3),
+            extract=ExtractOptions(split="freeze", image_size=128),
             progress=False,
-            optimizer=OptimizerConfig("adam", lr=1e-3),
         )
     final = result.history[-1]
     assert final.split_index == 18

@@ -14,6 +14,7 @@ from hapi_cli import workers
 from hapi_cli.main import build_parser
 from hapi_client import FeatureDataset, run_finetune
 from hapi_client.distributed import DistributedConfig
+from hapi_client.options import ExtractOptions
 from hapi_client.shard_loaders import make_shard_loader
 from hapi_contract import (
     DEFAULT_COMPRESSION,
@@ -41,10 +42,15 @@ def test_request_dataset_recipe_and_loader_share_the_default() -> None:
     fields = ExtractRequest.model_fields
     assert fields["output_dtype"].default is DEFAULT_OUTPUT_DTYPE
     assert fields["compression"].default is DEFAULT_COMPRESSION
-    for func in (FeatureDataset.__init__, run_finetune, make_shard_loader):
+    for func in (FeatureDataset.__init__, make_shard_loader):
         dtype, compression = _defaults(func)
         assert OutputDtype(dtype) is DEFAULT_OUTPUT_DTYPE, func  # type: ignore[arg-type]
         assert Compression(compression) is DEFAULT_COMPRESSION, func  # type: ignore[arg-type]
+    # The recipe, the CLI and the benchmarks take the one options object.
+    assert inspect.signature(run_finetune).parameters["extract"].default is None
+    options = ExtractOptions()
+    assert options.output_dtype is DEFAULT_OUTPUT_DTYPE
+    assert options.compression is DEFAULT_COMPRESSION
 
 
 def test_multi_worker_config_and_cli_share_the_default() -> None:

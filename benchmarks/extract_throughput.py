@@ -3,7 +3,7 @@
 For AlexNet and ResNet18 at 224 px, at an early split and at the freeze index, over
 ImageNet-sized JPEGs (the ``photos`` source, 500x375, about 110 KB each):
 
-* ``engine``: the server's compute path in-process (``hapi_server.engine.run_extraction``:
+* ``engine``: the server's compute path in-process (``hapi_core.engine.run_extraction``:
   decode + transform, head forward, frame encoding), one request, COS batch ``--batch``;
 * ``http``: end to end through a real Swift all-in-one and a real ``hapi-server`` process on
   loopback, one ``POST /v1/extract`` per configuration, timed by the client from the request
@@ -41,8 +41,8 @@ import torch
 from hapi_client.datasets import get_source
 from hapi_contract import Compression, OutputDtype, write_shard
 from hapi_contract.frames import FrameDecoder, FrameEncoder
-from hapi_server.devices import Device
-from hapi_server.engine import ExtractionJob, run_extraction
+from hapi_core.devices import Device
+from hapi_core.engine import ExtractionJob, run_extraction
 
 SIDE = 224
 ARCHS = {"alexnet": (3, 17), "resnet18": (4, 11)}  # (early split, freeze index)
@@ -105,6 +105,7 @@ def engine_run(
         batch_size=batch,
         device=Device("cpu", 0),
         max_pixels=40_000_000,
+        encoder=FrameEncoder(dtype=OutputDtype.FLOAT32, compression=Compression.NONE),
     )
     sent = 0
 
@@ -113,8 +114,7 @@ def engine_run(
         sent += len(frame)
 
     start = time.perf_counter()
-    encoder = FrameEncoder(dtype=OutputDtype.FLOAT32, compression=Compression.NONE)
-    stats = run_extraction(job, encoder, emit, threading.Event())
+    stats = run_extraction(job, emit, threading.Event())
     phases = {"decode": stats.decode_s, "compute": stats.compute_s, "encode": stats.encode_s}
     return time.perf_counter() - start, sent, {k: round(v, 4) for k, v in phases.items()}
 

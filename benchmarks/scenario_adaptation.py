@@ -13,7 +13,7 @@ six fit and seven do not, as in the thesis. With BA on, the server plans against
 
 Each server first serves ``CALIBRATION`` lone requests: a CPU server measures the peak host memory
 of a batch whose request runs alone and corrects its per-sample estimate from those readings
-(:class:`hapi_server.devices.HostMemoryProbe`), as a GPU server does from CUDA's statistics. The
+(:class:`hapi_core.devices.HostMemoryProbe`), as a GPU server does from CUDA's statistics. The
 probe resets the server's ``VmHWM`` for those readings only, so every point's requests report
 how many resets they made (``vmhwm_resets`` of the end frame; 0 means the point's peak is whole).
 

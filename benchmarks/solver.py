@@ -1,4 +1,4 @@
-"""Time one batch-adaptation decision: ``hapi_server.solver.solve`` for n queued requests.
+"""Time one batch-adaptation decision: ``hapi_core.solver.solve`` for n queued requests.
 
 The thesis solved eq. 5.1 with a MILP solver (PuLP + CBC) in about 25 ms per decision
 (thesis §5.4.5, see docs/references.md); the closed form here should take well under 1 ms. For each n in
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hapi_server.solver import Demand, solve
+from hapi_core.solver import Demand, solve
 
 MiB = 2**20
 REGIMES = ("plenty", "share", "tight")

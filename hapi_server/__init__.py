@@ -1,41 +1,11 @@
-"""The HAPI server: split feature extraction next to OpenStack Swift, with batch adaptation."""
+"""The HAPI server: split feature extraction next to OpenStack Swift, with batch adaptation.
+
+The extraction itself, its errors and its memory planner are :mod:`hapi_core`'s; this package
+is the HTTP front (FastAPI routes, the ``HAPI_*`` settings, reading Swift as the caller) and the
+ALL_IN_COS fine-tuning.
+"""
 
 from .app import create_app
-from .errors import (
-    ChecksumError,
-    ForbiddenError,
-    HapiServerError,
-    InsufficientMemoryError,
-    InvalidRequestError,
-    InvalidShardError,
-    NotFoundError,
-    PayloadTooLargeError,
-    QueueFullError,
-    RequestTimeoutError,
-    SwiftUnavailableError,
-    UnauthorizedError,
-)
 from .settings import ServerSettings, get_settings
-from .solver import Demand, InfeasibleRequestError, Plan, solve
 
-__all__ = [
-    "ChecksumError",
-    "Demand",
-    "ForbiddenError",
-    "HapiServerError",
-    "InfeasibleRequestError",
-    "InsufficientMemoryError",
-    "InvalidRequestError",
-    "InvalidShardError",
-    "NotFoundError",
-    "PayloadTooLargeError",
-    "Plan",
-    "QueueFullError",
-    "RequestTimeoutError",
-    "ServerSettings",
-    "SwiftUnavailableError",
-    "UnauthorizedError",
-    "create_app",
-    "get_settings",
-    "solve",
-]
+__all__ = ["ServerSettings", "create_app", "get_settings"]

@@ -17,12 +17,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from hapi_core.admission import validation_detail
+from hapi_core.errors import HapiServerError
+
 from .body_limit import BodyLimitMiddleware
-from .core import validation_detail
-from .errors import HapiServerError
 from .routers import extract, finetune, health, metrics, models, timings
 from .settings import ServerSettings, get_settings
 from .state import ServerState
+from .swift_io import SwiftReader
 
 __all__ = ["create_app"]
 
@@ -71,7 +73,9 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.hapi = ServerState.create(settings)
+        app.state.hapi = ServerState.create(
+            settings, swift=SwiftReader(settings.swift_url, settings.swift_timeout_s)
+        )
         try:
             yield
         finally:

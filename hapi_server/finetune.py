@@ -20,18 +20,13 @@ import torch
 
 from hapi_contract import FinetuneEpoch, FinetuneMetrics, FinetuneRequest
 from hapi_contract.epochs import plan_epoch
+from hapi_core.adaptation import make_demand, new_request_id
+from hapi_core.admission import admit_model, input_transform
+from hapi_core.errors import InvalidRequestError, InvalidShardError, PayloadTooLargeError
+from hapi_core.estimates import model_footprint
+from hapi_core.extraction import plan_weights, read_shard, release_model, reserve_and_load
 
-from .adaptation import make_demand, new_request_id
-from .core import admit_model, input_transform
-from .errors import InvalidRequestError, InvalidShardError, PayloadTooLargeError
-from .estimates import model_footprint
-from .extraction import (
-    load_planned,
-    pin_if_resident,
-    plan_model,
-    read_checked_shard,
-    release_model,
-)
+from .extraction import ServerHost
 from .state import ServerState
 from .swift_io import Caller
 
@@ -66,8 +61,9 @@ async def _read_samples(
 ) -> tuple[list[list[bytes]], list[list[int]]]:
     """Images and labels per shard, in the request's shard order, each shard checked as
     ``/v1/extract`` checks it (format, sample count, every image's header)."""
+    host = ServerHost(state, caller)
     read = [
-        functools.partial(read_checked_shard, state, caller, container, name, num_classes)
+        functools.partial(host.run, read_shard(state, container, name, num_classes))
         for name in shards
     ]
     results = await gather_bounded(read, state.settings.swift_read_concurrency)
@@ -193,7 +189,8 @@ async def run_finetune(
         scheduler.device.torch_device.type,
     )
     train_bytes = _training_bytes(req)
-    plan = await plan_model(state, caller, req.model, scheduler)
+    host = ServerHost(state, caller)
+    plan = await host.run(plan_weights(state, req.model, scheduler))
     try:
         names = [*req.shards, *req.eval_shards]
         all_images, all_labels = await _read_samples(
@@ -211,12 +208,8 @@ async def run_finetune(
         demand = make_demand(
             request_id, 3 * est.bytes_per_sample, plan.load_bytes + train_bytes, batch, batch
         )
-        pinned = plan.entry.nbytes if plan.entry is not None else 0
-        reservation = await scheduler.acquire(
-            demand, pinned_bytes=pinned, refresh=functools.partial(pin_if_resident, state, plan)
-        )
+        reservation, entry = await host.run(reserve_and_load(state, plan, scheduler, demand))
         try:
-            entry = await load_planned(state, caller, plan, scheduler, reservation)
             model = copy.deepcopy(entry.model)  # never train the shared, cached copy
             if req.target_classes is not None and req.target_classes != req.model.num_classes:
                 model.replace_classifier(req.target_classes, seed=req.seed)

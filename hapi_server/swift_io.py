@@ -14,18 +14,20 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
-from .errors import (
+from hapi_core.admission import check_token
+from hapi_core.errors import (
     ForbiddenError,
     HapiServerError,
     InvalidNameError,
     InvalidRequestError,
     NotFoundError,
     PayloadTooLargeError,
-    SwiftRefusedError,
-    SwiftUnavailableError,
+    StorageRefusedError,
+    StorageUnavailableError,
     UnauthorizedError,
 )
-from .inputs import check_swift_name
+from hapi_core.flow import ObjectInfo, StoredObject
+from hapi_core.inputs import check_swift_name
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +43,7 @@ class Caller:
 
 
 def parse_caller(token: str | None, storage_url: str | None, swift_url: str) -> Caller:
-    if not token:
-        raise UnauthorizedError("missing X-Auth-Token: send the Swift token of the caller")
+    token = check_token(token)
     if not storage_url:
         raise InvalidRequestError("missing X-Storage-Url: send the caller's Swift storage URL")
     base = swift_url.rstrip("/")
@@ -60,20 +61,6 @@ def parse_caller(token: str | None, storage_url: str | None, swift_url: str) -> 
         raise InvalidRequestError("X-Storage-Url has an invalid account name")
     check_swift_name(account, "X-Storage-Url account")
     return Caller(token=token, storage_url=f"{base}/v1/{account}")
-
-
-@dataclass(frozen=True)
-class SwiftObject:
-    data: bytes
-    etag: str
-
-
-@dataclass(frozen=True)
-class ObjectInfo:
-    """What a HEAD says about an object: its etag and size (None when Swift gives none)."""
-
-    etag: str
-    size: int | None
 
 
 class SwiftReader:
@@ -119,9 +106,11 @@ class SwiftReader:
                 if "retry-after" in resp.headers
                 else None
             )
-            raise SwiftRefusedError(f"Swift answered {status} for {what}", status, headers=headers)
+            raise StorageRefusedError(
+                f"Swift answered {status} for {what}", status, headers=headers
+            )
         # 5xx, and 1xx/3xx that a GET or HEAD of an object never legitimately gets.
-        raise SwiftUnavailableError(f"Swift answered {status} for {what}")
+        raise StorageUnavailableError(f"Swift answered {status} for {what}")
 
     async def head(self, caller: Caller, container: str, obj: str) -> ObjectInfo:
         """Authorise a read of the object as the caller; return its etag and size."""
@@ -130,13 +119,15 @@ class SwiftReader:
         try:
             resp = await self._client.head(url, headers={"X-Auth-Token": caller.token})
         except httpx.HTTPError as exc:
-            raise SwiftUnavailableError(f"cannot reach Swift at {self.swift_url}: {exc}") from exc
+            raise StorageUnavailableError(f"cannot reach Swift at {self.swift_url}: {exc}") from exc
         self._raise_for(resp, what)
         length = resp.headers.get("content-length")
         size = int(length) if length is not None and length.isdigit() else None
         return ObjectInfo(resp.headers.get("etag", "").strip('"'), size)
 
-    async def get(self, caller: Caller, container: str, obj: str, *, max_bytes: int) -> SwiftObject:
+    async def get(
+        self, caller: Caller, container: str, obj: str, *, max_bytes: int
+    ) -> StoredObject:
         what = f"{container}/{obj}"
         url = self._url(caller, container, obj)
         try:
@@ -154,11 +145,11 @@ class SwiftReader:
                     buf += chunk
                     if len(buf) > max_bytes:
                         raise PayloadTooLargeError(f"{what} exceeds the limit of {max_bytes} bytes")
-                return SwiftObject(bytes(buf), resp.headers.get("etag", "").strip('"'))
+                return StoredObject(bytes(buf), resp.headers.get("etag", "").strip('"'))
         except HapiServerError:
             raise
         except httpx.HTTPError as exc:
-            raise SwiftUnavailableError(
+            raise StorageUnavailableError(
                 f"cannot read {what} from Swift at {self.swift_url}: {exc}"
             ) from exc
 

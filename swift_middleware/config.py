@@ -10,12 +10,10 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from hapi_core.settings import CoreSettings, GiB, MiB
 from swift_middleware.errors import FilterConfigError
 
 __all__ = ["Execution", "FilterConfig"]
-
-MiB = 1024 * 1024
-GiB = 1024 * MiB
 
 # Options every Swift filter section may carry that are not ours (paste wiring and logging).
 _FOREIGN_OPTION = re.compile(r"^(use|paste\.filter_factory|log_\w+|set \S+|__\w+__|here)$")
@@ -54,16 +52,21 @@ class FilterConfig(BaseModel):
     conn_timeout: Annotated[float, Field(gt=0, le=600)] = 5.0
     node_timeout: Annotated[float, Field(gt=0, le=86400)] = 600.0
     retry_after: Annotated[int, Field(ge=1, le=3600)] = 5
-    # In-proxy execution only.
+    # In-proxy execution only (see :meth:`core_settings`).
     device: str = "auto"
     torch_threads: Annotated[int, Field(ge=1, le=1024)] | None = None
     max_concurrent: Annotated[int, Field(ge=1, le=1024)] = 2
-    max_batch: Annotated[int, Field(ge=1, le=100_000)] = 256
+    memory_budget_bytes: Annotated[int, Field(ge=16 * MiB)] = 2 * GiB
+    framework_reserve_bytes: Annotated[int, Field(ge=0)] = 256 * MiB
+    gpu_memory_limit_bytes: Annotated[int, Field(ge=16 * MiB)] | None = None
+    b_min: Annotated[int, Field(ge=1)] = 25
+    queue_limit: Annotated[int, Field(ge=1)] = 64
+    request_timeout: Annotated[float, Field(gt=0)] = 600.0
+    weights_cache_bytes: Annotated[int, Field(ge=0)] = 1 * GiB
     max_object_bytes: Annotated[int, Field(ge=1024)] = 1 * GiB
     max_weights_bytes: Annotated[int, Field(ge=1024)] = 2 * GiB
     max_image_pixels: Annotated[int, Field(ge=1)] = 40_000_000
     max_samples_per_request: Annotated[int, Field(ge=1)] = 10_000
-    model_cache_size: Annotated[int, Field(ge=0, le=64)] = 2
 
     @field_validator("hapi_servers", mode="before")
     @classmethod
@@ -87,7 +90,7 @@ class FilterConfig(BaseModel):
             return None
         return _base_url(value, "swift_url")
 
-    @field_validator("torch_threads", mode="before")
+    @field_validator("torch_threads", "gpu_memory_limit_bytes", mode="before")
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
         return None if value == "" else value
@@ -98,6 +101,29 @@ class FilterConfig(BaseModel):
         if not _DEVICE.match(value):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {value!r}")
         return value
+
+    def core_settings(self) -> CoreSettings:
+        """The extraction core's settings of the in-proxy execution: the HAPI server's batch
+        adaptation, with ``memory_budget_bytes`` as the CPU device's total (a GPU's comes from
+        NVML), so a request that does not fit is refused as the server refuses it."""
+        devices = {"auto": None, "cuda": "cuda:0"}.get(self.device, self.device)
+        return CoreSettings(
+            devices=devices,
+            cpu_memory_budget_bytes=self.memory_budget_bytes,
+            gpu_memory_limit_bytes=self.gpu_memory_limit_bytes,
+            framework_reserve_bytes=self.framework_reserve_bytes,
+            max_concurrent_per_device=self.max_concurrent,
+            torch_threads=self.torch_threads,
+            b_min=self.b_min,
+            queue_limit=self.queue_limit,
+            request_timeout_s=self.request_timeout,
+            retry_after_s=self.retry_after,
+            weights_cache_bytes=self.weights_cache_bytes,
+            max_object_bytes=self.max_object_bytes,
+            max_weights_bytes=self.max_weights_bytes,
+            max_image_pixels=self.max_image_pixels,
+            max_samples_per_request=self.max_samples_per_request,
+        )
 
     @classmethod
     def from_paste(

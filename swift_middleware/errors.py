@@ -2,7 +2,7 @@
 
 Every error the filter answers with carries its HTTP status and a machine ``code``; the filter
 turns it into a JSON body ``{"detail": ..., "code": ...}`` (the contract's ``ErrorBody``). In
-``in_proxy`` execution the extraction core's own refusals (``hapi_server.errors``) are answered
+``in_proxy`` execution the extraction core's own refusals (``hapi_core.errors``) are answered
 as a ``HapiResponseError`` with their status and code unchanged::
 
     HapiMiddlewareError

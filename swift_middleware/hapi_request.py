@@ -56,12 +56,20 @@ def _media_type(req: Request) -> str:
 def is_hapi_request(req: Request) -> bool:
     """True if the request asks for HAPI, whatever else is wrong with it.
 
-    The header marks a HAPI request on any method (a GET with it is refused, not served as a
-    plain GET). The content type only counts on a POST: a PUT may store such a document.
+    The header marks a HAPI request on any method and URL (a GET with it is refused, not
+    served as a plain GET). The content type only counts on a POST to an object URL: a PUT may
+    store such a document, and Swift takes a POST to an account or a container as a metadata
+    update whatever its content type, so those pass through untouched.
     """
     if HEADER_HAPI_REQUEST in req.headers:
         return True
-    return req.method == "POST" and _media_type(req) == CONTENT_TYPE_HAPI_REQUEST
+    if req.method != "POST" or _media_type(req) != CONTENT_TYPE_HAPI_REQUEST:
+        return False
+    try:
+        req.split_path(4, 4, True)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)

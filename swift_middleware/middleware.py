@@ -49,12 +49,18 @@ retry_after                 5            ``Retry-After`` of the 503 when no serv
 device                      auto         in_proxy: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``
 torch_threads               torch's      in_proxy: torch intra-op threads
 max_concurrent              2            in_proxy: extractions running at once (others wait)
-max_batch                   256          in_proxy: cap on the COS batch (``b_max``)
+memory_budget_bytes         2 GiB        in_proxy: memory the extractions may plan on the CPU
+                                         (a GPU's total comes from NVML)
+framework_reserve_bytes     256 MiB      in_proxy: memory per device never planned
+gpu_memory_limit_bytes      (none)       in_proxy: cap a GPU's usable memory
+b_min                       25           in_proxy: smallest COS batch the adaptation hands out
+queue_limit                 64           in_proxy: requests waiting for memory before a 503
+request_timeout             600          in_proxy: longest wait for memory before a 504
+weights_cache_bytes         1 GiB        in_proxy: idle verified models kept loaded
 max_object_bytes            1 GiB        in_proxy: largest shard
 max_weights_bytes           2 GiB        in_proxy: largest weights object
 max_image_pixels            40000000     in_proxy: largest image
 max_samples_per_request     10000        in_proxy: most samples in a shard
-model_cache_size            2            in_proxy: verified models kept loaded
 ==========================  ===========  ======================================================
 """
 
@@ -79,6 +85,7 @@ from hapi_contract import (
     HEADER_STORAGE_URL,
     TIMINGS_PATH,
 )
+from hapi_core.errors import HapiServerError
 from swift_middleware.config import Execution, FilterConfig
 from swift_middleware.errors import HapiResponseError
 from swift_middleware.hapi_request import (
@@ -97,7 +104,7 @@ LOG_ROUTE = "hapi"
 """The filter's route in the proxy's logging (``get_logger``'s ``log_route``)."""
 
 
-def json_error(exc: HapiResponseError) -> Response:
+def json_error(exc: HapiResponseError | HapiServerError) -> Response:
     """The response for ``exc``: its status and headers, body ``{"detail": ..., "code": ...}``."""
     body = json.dumps({"detail": exc.detail, "code": exc.code}).encode()
     return Response(
@@ -134,7 +141,7 @@ class HapiMiddleware:
             return self.app(env, start_response)
         try:
             resp = self.handle(req)
-        except HapiResponseError as exc:
+        except (HapiResponseError, HapiServerError) as exc:
             self.logger.info(
                 "HAPI request %s %s refused: %s %s", req.method, req.path, exc.status, exc.detail
             )
@@ -146,7 +153,12 @@ class HapiMiddleware:
         hapi = parse_hapi_request(req, self.config.max_body_bytes)
         authorize_read(req.environ, self.app, hapi.object_path, f"{hapi.container}/{hapi.obj}")
         if self.in_proxy is not None:
-            return self.in_proxy.handle(req, hapi)
+            try:
+                return self.in_proxy.handle(req, hapi)
+            except HapiServerError as exc:
+                # As a decoupled refusal carries it: which execution answered.
+                exc.headers.setdefault(HEADER_EXECUTION, Execution.IN_PROXY.value)
+                raise
         return self._forward(req, hapi)
 
     def _forward(self, req: Request, hapi: HapiRequest) -> Response:

@@ -13,13 +13,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 #: What a reader cannot open: a line of a seed file, a section of the seeds' digest.
-FORBIDDEN = re.compile(r"\[00\d:|digest D\d")
+FORBIDDEN = re.compile(r"\[00\d:|digest D\d|DESIGN\.md|seeds-digest")
 
 #: Folders and top-level files searched. (hapi_server, swift_middleware and hapi_core join once
 #: their citations are converted.)
 SEARCHED = (
     "models",
     "hapi_contract",
+    "hapi_core",
+    "hapi_server",
+    "swift_middleware",
     "hapi_client",
     "hapi_cli",
     "hapi_stack",

@@ -16,7 +16,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: The project's packages, by folder. (hapi_server, swift_middleware and hapi_core join once the
 #: server's errors are the core's.)
-PACKAGES = ("models", "hapi_contract", "hapi_client", "hapi_cli", "hapi_stack", "benchmarks")
+PACKAGES = (
+    "models",
+    "hapi_contract",
+    "hapi_core",
+    "hapi_server",
+    "swift_middleware",
+    "hapi_client",
+    "hapi_cli",
+    "hapi_stack",
+    "benchmarks",
+)
 
 
 def error_classes() -> dict[str, list[str]]:

@@ -3,7 +3,7 @@
 HAPI's default rule predicts time instead (:mod:`hapi_client.planning.time_rule`); this one
 stays, under its own name, as the thesis states it, with one fix to its fallback (below).
 
-As DESIGN.md states it (digest D1, D2):
+Read as R1 and R2 of ``docs/references.md`` (thesis §5.4.4, Algorithm 2):
 
 * sizes are per **training batch** at the wire dtype: ``out(s) = bytes per sample after layer
   s - 1 x batch`` for a split ``s`` (the server runs layers ``[0, s)``);
@@ -11,7 +11,7 @@ As DESIGN.md states it (digest D1, D2):
   x batch, not the decoded tensor;
 * candidates are splits ``1 <= s <= freeze`` with ``out(s) < input``; ``C = bandwidth x 1 s``;
 * the winner is the earliest candidate with ``out(s) < C``; if none, the candidate with the
-  smallest output (the earliest of equals). DESIGN.md and the thesis fall back to the freeze
+  smallest output (the earliest of equals). The thesis falls back to the freeze
   index, which can ship more than an earlier layer exactly where the link is tightest (AlexNet
   at 5 Mbit/s: 4.39 MB per batch at the freeze index against 3.14 MB at layer 8); we don't;
 * if no split up to the freeze index is smaller than the input, nothing is pushed down

@@ -18,9 +18,9 @@ Multi-Krum, MDA, Bulyan), :mod:`.preaggregation` (NNM, bucketing, clipping, ``Ch
 
 from typing import TYPE_CHECKING
 
-from .._lazy import attach
+from hapi_contract.lazy import attach
 
-# Resolved on first use (PEP 562, see hapi_client._lazy): importing the package loads no torch.
+# Resolved on first use (PEP 562, see hapi_contract.lazy): importing the package loads no torch.
 if TYPE_CHECKING:
     from ._tensors import Inputs
     from .aggregators import (

@@ -10,9 +10,9 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from hapi_contract import CONTENT_TYPE_FRAMES, EXTRACT_PATH, ExtractRequest
+from hapi_core import extract_headers
 
 from .. import extraction, route_docs
-from ..core import extract_headers
 from ..deps import CallerDep, StateDep
 
 router = APIRouter()

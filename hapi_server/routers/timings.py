@@ -1,4 +1,4 @@
-"""``POST /v1/timings``: time a model's head on this server's device (see ``hapi_server.timing``)."""
+"""``POST /v1/timings``: time a model's head on this server's device (see ``hapi_core.timing``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from hapi_contract import TIMINGS_PATH, TimingsRequest, TimingsResponse
 
-from .. import route_docs, timing
+from .. import extraction, route_docs
 from ..deps import CallerDep, StateDep
 
 router = APIRouter()
@@ -15,4 +15,4 @@ router = APIRouter()
 @router.post(TIMINGS_PATH, response_model=TimingsResponse, responses=route_docs.timings_responses())
 async def timings(req: TimingsRequest, state: StateDep, caller: CallerDep) -> TimingsResponse:
     """Time the decode, layers ``[0, split_index)`` and the encoding over a shard's first images."""
-    return await timing.time_request(state, caller, req)
+    return await extraction.time_request(state, caller, req)

@@ -19,17 +19,17 @@ import httpx
 import pytest
 
 from hapi_contract import write_shard
-from hapi_server.errors import (
+from hapi_core.errors import (
     ForbiddenError,
     HapiServerError,
     InvalidNameError,
     NotFoundError,
     PayloadTooLargeError,
-    SwiftRefusedError,
-    SwiftUnavailableError,
+    StorageRefusedError,
+    StorageUnavailableError,
     UnauthorizedError,
 )
-from hapi_server.estimates import model_footprint
+from hapi_core.estimates import model_footprint
 from hapi_server.finetune import gather_bounded
 from hapi_server.swift_io import Caller, SwiftReader
 from hapi_stack import RunningStack
@@ -364,16 +364,16 @@ def _reader(handler: Callable[[httpx.Request], httpx.Response]) -> SwiftReader:
 @pytest.mark.parametrize(
     ("status", "error", "expected"),
     [
-        (400, SwiftRefusedError, 400),
+        (400, StorageRefusedError, 400),
         (401, UnauthorizedError, 401),
         (403, ForbiddenError, 403),
         (404, NotFoundError, 404),
-        (405, SwiftRefusedError, 405),
-        (412, SwiftRefusedError, 412),
+        (405, StorageRefusedError, 405),
+        (412, StorageRefusedError, 412),
         (413, PayloadTooLargeError, 413),
-        (429, SwiftRefusedError, 429),
-        (500, SwiftUnavailableError, 502),
-        (503, SwiftUnavailableError, 502),
+        (429, StorageRefusedError, 429),
+        (500, StorageUnavailableError, 502),
+        (503, StorageUnavailableError, 502),
     ],
 )
 def test_swift_answers_map_to_the_matching_status(

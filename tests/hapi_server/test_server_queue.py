@@ -27,7 +27,7 @@ import httpx
 import pytest
 import torch
 
-from hapi_server.estimates import MemoryEstimator
+from hapi_core.estimates import MemoryEstimator
 from hapi_stack import RunningStack
 
 from .conftest import SIDE, Dataset, ServerProcess, make_images

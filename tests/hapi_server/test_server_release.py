@@ -15,13 +15,13 @@ from typing import Any, cast
 import pytest
 from starlette.requests import ClientDisconnect
 
+from hapi_core.adaptation import DeviceScheduler
+from hapi_core.devices import Device
+from hapi_core.metrics import Metrics
+from hapi_core.solver import Demand
 from hapi_server import ServerSettings
-from hapi_server.adaptation import DeviceScheduler
-from hapi_server.devices import Device
 from hapi_server.extraction import PreparedExtraction, abandon, finish
-from hapi_server.metrics import Metrics
 from hapi_server.routers.extract import _ReleasingStreamingResponse
-from hapi_server.solver import Demand
 
 pytestmark = pytest.mark.anyio
 

@@ -158,6 +158,10 @@ def hapi_post(
         ("GET", "/v1/AUTH_test/data", {}),
         ("GET", "/v1/AUTH_test", {}),
         ("GET", "/info", {}),
+        # Swift takes a POST to an account or a container as a metadata update (204), whatever
+        # its content type: only an object URL can be a HAPI request by content type.
+        ("POST", "/v1/AUTH_test/data", {"Content-Type": CONTENT_TYPE_HAPI_REQUEST}),
+        ("POST", "/v1/AUTH_test", {"Content-Type": CONTENT_TYPE_HAPI_REQUEST}),
     ],
 )
 def test_other_requests_pass_through_untouched(

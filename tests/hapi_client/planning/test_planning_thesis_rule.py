@@ -1,4 +1,4 @@
-"""The split choice of DESIGN.md on real profiles (thesis Table 5.3 and Figure 5.12 in direction)."""
+"""The thesis' split rule (Algorithm 2, readings R1 and R2 of docs/references.md) on real profiles (thesis Table 5.3 and Figure 5.12 in direction)."""
 
 from __future__ import annotations
 

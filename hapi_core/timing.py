@@ -1,7 +1,7 @@
-"""``POST /v1/timings``: time a model's head on this server's device, layer by layer.
+"""A timing request: time a model's head on this host's device, layer by layer.
 
 The client predicts the pipeline's time per iteration for every split before it chooses one
-(``hapi_client.split_time``); the server's share must be measured here, on the device and with
+(``hapi_client.planning.time_rule``); the server's share must be measured here, on the device and with
 the threads that will run it. A timing request is admitted exactly like an extract request
 (same checks, same memory planning, the caller's own shard and weights), then, instead of
 streaming, runs its first images through the layers one at a time: the decode, every layer and
@@ -14,7 +14,6 @@ compression ratio, differ per dataset) and the fastest time seen per layer is wh
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import time
@@ -27,11 +26,11 @@ import torch
 from hapi_contract import TimingsRequest, TimingsResponse
 from hapi_contract.frames import FrameEncoder
 
-from . import extraction
-from .core import input_transform, raising_server_errors
+from .admission import input_transform, raising_server_errors
 from .engine import BatchExecutionError
-from .state import ServerState
-from .swift_io import Caller
+from .extraction import finish, prepare
+from .flow import Compute, Flow
+from .runtime import CoreRuntime
 from .timing_cache import LayerTimes, TimingKey
 
 __all__ = ["HeadMeasurement", "measure_head", "time_head", "time_request"]
@@ -141,32 +140,32 @@ def time_head(
     )
 
 
-async def time_request(state: ServerState, caller: Caller, req: TimingsRequest) -> TimingsResponse:
+def time_request(rt: CoreRuntime, req: TimingsRequest) -> Flow[TimingsResponse]:
     """Admit ``req`` as an extraction of its first ``samples`` images, and measure it."""
-    prep = await extraction.prepare(state, caller, req.model_copy(update={"b_max": req.samples}))
+    prep = yield from prepare(rt, req.model_copy(update={"b_max": req.samples}))
     status = "200"
     try:
-        images = prep.images[: min(req.samples, prep.reservation.batch_size)]
-        run = functools.partial(
-            raising_server_errors,
-            time_head,
-            prep.model.model,
-            req,
-            images,
-            input_transform(req.transform),
-            prep.scheduler.device.torch_device,
-            state.layer_times,
-            state.settings.max_image_pixels,
-            max(0, prep.scheduler.load - 1),  # other requests waiting or running
+        answer: TimingsResponse = yield Compute(
+            functools.partial(
+                raising_server_errors,
+                time_head,
+                prep.model.model,
+                req,
+                prep.images[: min(req.samples, prep.reservation.batch_size)],
+                input_transform(req.transform),
+                prep.scheduler.device.torch_device,
+                rt.layer_times,
+                rt.settings.max_image_pixels,
+                max(0, prep.scheduler.load - 1),  # other requests waiting or running
+            )
         )
-        answer = await asyncio.get_running_loop().run_in_executor(state.executor, run)
     except BaseException:
         status = "error"
         raise
     finally:
         # ``finish`` counts the request under "extract"; a timing request is one too, as far as
         # memory and the request metrics go.
-        extraction.finish(state, prep, status)
+        finish(rt, prep, status)
     log.info(
         "%s: timed %s up to layer %d on %s over %d images (%s)",
         prep.request_id,

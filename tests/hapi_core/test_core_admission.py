@@ -12,9 +12,9 @@ from PIL import Image
 
 from hapi_contract import Compression, ModelRef, OutputDtype, TransformSpec
 from hapi_contract.frames import FrameEncoder
-from hapi_server.core import admit_model, input_transform, stream_error
-from hapi_server.engine import BatchExecutionError, JobStats, run_batch
-from hapi_server.errors import InvalidRequestError, QueueFullError
+from hapi_core.admission import admit_model, input_transform, stream_error
+from hapi_core.engine import BatchExecutionError, JobStats, run_batch
+from hapi_core.errors import InvalidRequestError, QueueFullError
 
 
 @pytest.mark.parametrize(

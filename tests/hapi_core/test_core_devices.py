@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from hapi_core import devices as devices_module
+from hapi_core.devices import discover_devices, external_used_bytes
 from hapi_server import ServerSettings
-from hapi_server import devices as devices_module
-from hapi_server.devices import discover_devices, external_used_bytes
 
 GiB = 2**30
 

@@ -4,7 +4,7 @@ A package ``__init__`` writes its public names as ordinary imports, for readers 
 checkers, and lets this module resolve them on first use::
 
     from typing import TYPE_CHECKING
-    from .._lazy import attach
+    from hapi_contract.lazy import attach
 
     if TYPE_CHECKING:
         from .aggregators import Krum

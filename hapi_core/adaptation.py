@@ -1,10 +1,16 @@
 """The batch-adaptation scheduler of one device: admission, planning rounds, reservations.
 
 A round runs when an unplanned request waits and memory is free: after a short window that
-gathers requests arriving together, :func:`hapi_server.solver.solve` picks every waiting
+gathers requests arriving together, :func:`hapi_core.solver.solve` picks every waiting
 request's COS batch size against the free memory (total - framework reserve - running requests
 - resident weights - other processes). Deferred requests wait for the next round, which the end
 of any running request triggers.
+
+The scheduler itself never blocks and is used from one thread: the HAPI server's event loop, or
+the Swift proxy's eventlet hub. How a request waits for its round is the caller's: the server
+awaits :meth:`DeviceScheduler.acquire`; the filter's in-proxy execution waits on an eventlet
+event around :meth:`DeviceScheduler.submit` and :meth:`DeviceScheduler.settle`. Rounds are
+started through :class:`Timers`, the one thing each host supplies.
 """
 
 from __future__ import annotations
@@ -16,11 +22,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from .devices import HOST_MEMORY, Device, HostMemoryProbe, external_used_bytes
 from .errors import InsufficientMemoryError, QueueFullError, RequestTimeoutError
 from .metrics import Metrics
-from .settings import ServerSettings
+from .settings import CoreSettings
 from .solver import Demand, InfeasibleRequestError, check_feasible_alone, effective_b_min, solve
 
 log = logging.getLogger(__name__)
@@ -36,23 +43,51 @@ class Reservation:
     released: bool = False
 
 
+class Timers(Protocol):
+    """Runs ``callback`` after ``delay`` seconds on the scheduler's own thread."""
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None: ...
+
+
+class AsyncioTimers:
+    """:class:`Timers` on the running asyncio loop (the HAPI server's)."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None:
+        task = asyncio.get_running_loop().create_task(self._after(delay, callback))
+        self._tasks.add(task)  # the loop keeps only a weak reference to a task
+        task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    async def _after(delay: float, callback: Callable[[], None]) -> None:
+        if delay > 0:
+            await asyncio.sleep(delay)
+        callback()
+
+
 @dataclass
-class _Waiter:
+class Ticket:
+    """A request waiting for its COS batch: ``on_ready`` is called once it is planned."""
+
     demand: Demand
-    future: asyncio.Future[int]
+    on_ready: Callable[[], None]
     refresh: Callable[[Demand], Demand] | None = None
+    reservation: Reservation | None = None
 
 
 @dataclass
 class DeviceScheduler:
     device: Device
-    settings: ServerSettings
+    settings: CoreSettings
     metrics: Metrics
+    timers: Timers = field(default_factory=AsyncioTimers)
     resident_weights: Callable[[Device], int] | None = None
     """Set by the weights cache: bytes of weights resident on a device."""
-    _waiting: dict[str, _Waiter] = field(default_factory=dict)
+    _waiting: dict[str, Ticket] = field(default_factory=dict)
     _running: dict[str, Reservation] = field(default_factory=dict)
-    _round: asyncio.Task[None] | None = None
+    _round_due: bool = False
     _planned_peak: int = 0
     evict_idle: Callable[[Device], int] | None = None
     """Set by the weights cache: drop idle weights of a device, return the bytes freed."""
@@ -87,7 +122,38 @@ class DeviceScheduler:
         pinned_bytes: int = 0,
         refresh: Callable[[Demand], Demand] | None = None,
     ) -> Reservation:
-        """Wait for a planned COS batch size; raise 507 / 503 / 504 errors as the case may be.
+        """Wait for a planned COS batch size; raise 507 / 503 / 504 errors as the case may be
+        (see :meth:`submit`). For a caller on an asyncio loop."""
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def wake() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        ticket = self.submit(demand, pinned_bytes, refresh, on_ready=wake)
+        served = False
+        try:
+            if ticket.reservation is None:
+                await asyncio.wait_for(asyncio.shield(ready), self.settings.request_timeout_s)
+            served = True
+        except TimeoutError as exc:
+            raise self.timed_out(ticket) from exc
+        finally:
+            reservation = self.settle(ticket, served=served)
+        assert reservation is not None
+        return reservation
+
+    def submit(
+        self,
+        demand: Demand,
+        pinned_bytes: int = 0,
+        refresh: Callable[[Demand], Demand] | None = None,
+        *,
+        on_ready: Callable[[], None],
+    ) -> Ticket:
+        """Queue ``demand`` for a planning round (507 if it can never fit, 503 if the queue is
+        full); ``on_ready`` is called once a round admitted it. Without adaptation the ticket
+        comes back admitted at ``b_max``. Every ticket ends with :meth:`settle`.
 
         ``pinned_bytes`` is memory the request itself keeps occupied while it waits (its model's
         resident weights): it can never be freed for the request, so it counts against
@@ -96,8 +162,10 @@ class DeviceScheduler:
         planned to load its model asks for those bytes no more once another request has made
         that model resident (the cache counts it then).
         """
+        ticket = Ticket(demand, on_ready, refresh)
         if not self.settings.adaptation:
-            return self._admit(demand, demand.b_max)
+            ticket.reservation = self._admit(demand, demand.b_max)
+            return ticket
         # Weights the request holds (pinned, resident) or will load (its model_bytes) are
         # never freed for it: they come off the capacity, and the samples must fit the rest.
         weights = pinned_bytes + demand.model_bytes
@@ -120,27 +188,28 @@ class DeviceScheduler:
                 f"{self.device.name}: {len(self._waiting)} requests already wait (queue_limit)",
                 headers={"Retry-After": str(self.settings.retry_after_s)},
             )
-        loop = asyncio.get_running_loop()
-        waiter = _Waiter(demand, loop.create_future(), refresh)
-        self._waiting[demand.request_id] = waiter
+        self._waiting[demand.request_id] = ticket
         self._publish()
         self._kick()
-        try:
-            await asyncio.wait_for(asyncio.shield(waiter.future), self.settings.request_timeout_s)
-        except TimeoutError as exc:
-            if waiter.future.done() and not waiter.future.cancelled():
-                self.release(self._running[demand.request_id])
-            raise RequestTimeoutError(
-                f"no memory for request {demand.request_id} within {self.settings.request_timeout_s} s"
-            ) from exc
-        except asyncio.CancelledError:
-            if waiter.future.done() and not waiter.future.cancelled():
-                self.release(self._running[demand.request_id])
-            raise
-        finally:
-            self._waiting.pop(demand.request_id, None)
+        return ticket
+
+    def settle(self, ticket: Ticket, *, served: bool) -> Reservation | None:
+        """End ``ticket``'s wait: its reservation when ``served``; otherwise (timed out,
+        cancelled) a reservation a round made meanwhile is released and None comes back."""
+        if self._waiting.pop(ticket.demand.request_id, None) is not None:
             self._publish()
-        return self._running[demand.request_id]
+        if served:
+            return ticket.reservation
+        if ticket.reservation is not None:
+            self.release(ticket.reservation)
+        return None
+
+    def timed_out(self, ticket: Ticket) -> RequestTimeoutError:
+        """The 504 of a request that waited ``request_timeout_s`` for memory."""
+        return RequestTimeoutError(
+            f"no memory for request {ticket.demand.request_id} within "
+            f"{self.settings.request_timeout_s} s"
+        )
 
     def _admit(self, demand: Demand, batch: int) -> Reservation:
         reservation = Reservation(
@@ -173,33 +242,32 @@ class DeviceScheduler:
             self._kick()
 
     def _kick(self) -> None:
-        if self._round is None and any(not w.future.done() for w in self._waiting.values()):
-            self._round = asyncio.get_running_loop().create_task(self._plan_round())
+        if not self._round_due and any(t.reservation is None for t in self._waiting.values()):
+            self._round_due = True
+            # The window gathers requests that arrive together into one decision (the thesis'
+            # leader round).
+            self.timers.call_later(self.settings.adaptation_window_s, self._plan_round)
 
-    async def _plan_round(self) -> None:
-        try:
-            if self.settings.adaptation_window_s > 0:
-                # Gather requests that arrive together into one decision (thesis' leader round).
-                await asyncio.sleep(self.settings.adaptation_window_s)
-            pending = [w for w in self._waiting.values() if not w.future.done()]
-            if not pending:
-                return
-            for w in pending:
-                if w.refresh is not None:
-                    w.demand = w.refresh(w.demand)
+    def _plan_round(self) -> None:
+        self._round_due = False
+        pending = [t for t in self._waiting.values() if t.reservation is None]
+        if pending:
+            for t in pending:
+                if t.refresh is not None:
+                    t.demand = t.refresh(t.demand)
             start = time.perf_counter()
-            plan = solve([w.demand for w in pending], self.free_bytes())
+            plan = solve([t.demand for t in pending], self.free_bytes())
             decision = time.perf_counter() - start
             if plan.deferred and self.evict_idle is not None and self.evict_idle(self.device) > 0:
                 start = time.perf_counter()
-                plan = solve([w.demand for w in pending], self.free_bytes())
+                plan = solve([t.demand for t in pending], self.free_bytes())
                 decision = time.perf_counter() - start
             self.metrics.adaptation_seconds.labels(self.device.name).observe(decision)
-            for w in pending:
-                batch = plan.batches.get(w.demand.request_id)
+            for t in pending:
+                batch = plan.batches.get(t.demand.request_id)
                 if batch is not None:
-                    self._admit(w.demand, batch)
-                    w.future.set_result(batch)
+                    t.reservation = self._admit(t.demand, batch)
+                    t.on_ready()
             if plan.deferred:
                 log.info(
                     "%s: %d request(s) deferred to the next round (free %d bytes): %s",
@@ -208,12 +276,10 @@ class DeviceScheduler:
                     plan.free_bytes,
                     ", ".join(plan.deferred),
                 )
-        finally:
-            self._round = None
-            if not self._running and any(not w.future.done() for w in self._waiting.values()):
-                # Nothing running means no release will come: only memory held by other
-                # processes can be in the way, so look again shortly.
-                asyncio.get_running_loop().call_later(0.05, self._kick)
+        if not self._running and any(t.reservation is None for t in self._waiting.values()):
+            # Nothing running means no release will come: only memory held by other
+            # processes can be in the way, so look again shortly.
+            self.timers.call_later(0.05, self._kick)
 
     def _publish(self) -> None:
         name = self.device.name

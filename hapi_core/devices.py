@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .settings import ServerSettings
+from .settings import CoreSettings
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def torch_uuid(index: int) -> str:
     return f"GPU-{torch.cuda.get_device_properties(index).uuid}"
 
 
-def discover_devices(settings: ServerSettings) -> list[Device]:
+def discover_devices(settings: CoreSettings) -> list[Device]:
     names = [n.strip() for n in settings.devices.split(",")] if settings.devices else []
     nvml = _nvml_totals()
     if not names:

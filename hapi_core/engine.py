@@ -11,7 +11,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import hapi_models
@@ -50,10 +50,10 @@ class JobStats:
     feature_bytes: int = 0
     peak_bytes_per_sample: float | None = None
     """Measured peak memory per sample (CUDA: every batch; CPU: one lone batch, see
-    :class:`~hapi_server.devices.HostMemoryProbe`); None when nothing was measured."""
+    :class:`~hapi_core.devices.HostMemoryProbe`); None when nothing was measured."""
     vmhwm_resets: int = 0
     """Batches during which the probe reset the process's ``VmHWM`` (a benchmark reading it
-    from outside must know: see :class:`~hapi_server.devices.HostMemoryProbe`)."""
+    from outside must know: see :class:`~hapi_core.devices.HostMemoryProbe`)."""
 
     def as_meta(self, total_s: float, queued_s: float) -> dict[str, object]:
         return {
@@ -80,6 +80,7 @@ class ExtractionJob:
     batch_size: int
     device: Device
     max_pixels: int
+    encoder: FrameEncoder
     host_memory: HostMemoryProbe = field(default_factory=lambda: HOST_MEMORY)
     """Measures a CPU batch of a request that runs alone (the schedulers' probe)."""
 
@@ -123,20 +124,17 @@ def run_batch(
     return frame
 
 
-def run_extraction(
-    job: ExtractionJob,
-    encoder: FrameEncoder,
-    emit: Callable[[bytes], None],
-    cancelled: threading.Event,
-) -> JobStats:
-    stats = JobStats()
+def iter_frames(job: ExtractionJob, stats: JobStats) -> Iterator[bytes]:
+    """The job's frames, one COS batch per step, with its memory measured into ``stats``.
+
+    Each step is blocking compute: the HAPI server runs the whole loop in a worker thread
+    (:func:`run_extraction`), the Swift filter each step in the proxy's thread pool.
+    """
     head = job.model.head(job.split)
     device = job.device.torch_device
     key = (job.model.arch, job.split, tuple(job.transform.input_shape))
     sample_bytes = 4 * math.prod(job.transform.input_shape)  # the float32 input batch
     for start in range(0, len(job.images), job.batch_size):
-        if cancelled.is_set():
-            raise JobCancelled()
         done = min(len(job.images), start + job.batch_size) - start
         if job.device.is_cuda:
             torch.cuda.reset_peak_memory_stats(device)
@@ -153,7 +151,7 @@ def run_extraction(
                 start,
                 job.batch_size,
                 device,
-                encoder,
+                job.encoder,
                 job.max_pixels,
                 stats,
             )
@@ -164,5 +162,18 @@ def run_extraction(
             stats.vmhwm_resets += reading.reset
             if reading.bytes_per_sample is not None:
                 stats.peak_bytes_per_sample = reading.bytes_per_sample
+        yield frame
+
+
+def run_extraction(
+    job: ExtractionJob, emit: Callable[[bytes], None], cancelled: threading.Event
+) -> JobStats:
+    """Run ``job``, handing each frame to ``emit``; stop between batches once ``cancelled``."""
+    stats = JobStats()
+    frames = iter_frames(job, stats)
+    while not cancelled.is_set():
+        frame = next(frames, None)
+        if frame is None:
+            return stats
         emit(frame)
-    return stats
+    raise JobCancelled()

@@ -14,15 +14,14 @@ import torch
 
 from hapi_contract import DEFAULT_COMPRESSION, DEFAULT_OUTPUT_DTYPE
 from hapi_contract.frames import FrameEncoder
-from hapi_server.adaptation import DeviceScheduler
-from hapi_server.devices import Device, HostMemoryProbe
-from hapi_server.engine import ExtractionJob, run_extraction
-from hapi_server.estimates import MemoryEstimator
-from hapi_server.metrics import Metrics
+from hapi_core.adaptation import DeviceScheduler
+from hapi_core.devices import Device, HostMemoryProbe
+from hapi_core.engine import ExtractionJob, run_extraction
+from hapi_core.estimates import MemoryEstimator
+from hapi_core.metrics import Metrics
+from hapi_core.solver import Demand
 from hapi_server.settings import ServerSettings
-from hapi_server.solver import Demand
-
-from .conftest import make_images
+from tests.hapi_server.conftest import make_images
 
 MiB = 2**20
 ARCH, SPLIT, SHAPE = "resnet18", 4, (3, 224, 224)
@@ -281,12 +280,12 @@ def test_the_engine_measures_a_lone_cpu_request_once_and_the_estimate_follows() 
         batch_size=32,  # 32 x 588 KiB of input: over the probe's 16 MiB
         device=Device("cpu", 8 * 2**30),
         max_pixels=10**8,
+        encoder=FrameEncoder(dtype=DEFAULT_OUTPUT_DTYPE, compression=DEFAULT_COMPRESSION),
         host_memory=real_probe(),
     )
-    encoder = FrameEncoder(dtype=DEFAULT_OUTPUT_DTYPE, compression=DEFAULT_COMPRESSION)
     frames: list[bytes] = []
     job.host_memory.admitted()  # this job is the one admitted request its probe knows of
-    stats = run_extraction(job, encoder, frames.append, threading.Event())
+    stats = run_extraction(job, frames.append, threading.Event())
     assert len(frames) == 2 and stats.cos_batch_sizes == [32, 32]
     assert stats.vmhwm_resets == 1  # one reading per request: the second batch is not measured
     measured = stats.peak_bytes_per_sample

@@ -6,7 +6,7 @@ head it runs) and ``m_r`` = bytes of its model that are not already resident::
     maximise   sum_r (b_r * d_r + m_r)
     subject to sum_r (b_r * d_r + m_r) <= free,   b_min_r <= b_r <= b_max_r,  b_r integer
 
-(the parenthesisation of the thesis' eq. 5.1 read as in the digest's D3). The objective is the
+(the parenthesisation of the thesis' eq. 5.1 read as R3 of ``docs/references.md``). The objective is the
 constraint's left side, so any plan that fills the free memory, or gives everyone b_max, is
 optimal. The closed form below does exactly that in O(n log n), where the thesis ran a MILP
 solver (PuLP + CBC, about 25 ms):

@@ -1,4 +1,4 @@
-"""Unit tests of the batch-adaptation solver (``hapi_server.solver.solve``), thesis eq. 5.1.
+"""Unit tests of the batch-adaptation solver (``hapi_core.solver.solve``), thesis eq. 5.1.
 
 Random instances come from seeded generators, so every run checks the same cases. The MILP
 cross-check solves the same problem exactly with ``scipy.optimize.milp`` (HiGHS).
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from hapi_server import Demand, Plan, solve
-from hapi_server.solver import InfeasibleRequestError, check_feasible_alone, effective_b_min
+from hapi_core import Demand, Plan, solve
+from hapi_core.solver import InfeasibleRequestError, check_feasible_alone, effective_b_min
 
 MiB = 2**20
 

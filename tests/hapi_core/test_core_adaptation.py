@@ -13,18 +13,13 @@ from typing import Any
 
 import pytest
 
-from hapi_server import (
-    InsufficientMemoryError,
-    QueueFullError,
-    RequestTimeoutError,
-    ServerSettings,
-    solve,
-)
-from hapi_server import adaptation as adaptation_module
-from hapi_server.adaptation import DeviceScheduler, Reservation
-from hapi_server.devices import Device
-from hapi_server.metrics import Metrics
-from hapi_server.solver import Demand
+from hapi_core import InsufficientMemoryError, QueueFullError, RequestTimeoutError, solve
+from hapi_core import adaptation as adaptation_module
+from hapi_core.adaptation import DeviceScheduler, Reservation
+from hapi_core.devices import Device
+from hapi_core.metrics import Metrics
+from hapi_core.solver import Demand
+from hapi_server import ServerSettings
 
 pytestmark = pytest.mark.anyio
 
@@ -70,7 +65,7 @@ async def settle() -> None:
 
 
 class WindowGate:
-    """Stands in for ``asyncio`` inside ``hapi_server.adaptation``: the window waits for ``open``."""
+    """Stands in for ``asyncio`` inside ``hapi_core.adaptation``: the window waits for ``open``."""
 
     def __init__(self) -> None:
         self.windows: list[float] = []

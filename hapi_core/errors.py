@@ -47,7 +47,7 @@ class InvalidShardError(HapiServerError):
     status, code = 422, "invalid_shard"
 
 
-class SwiftRefusedError(HapiServerError):
+class StorageRefusedError(HapiServerError):
     """Swift answered a 4xx that has no class of its own here: its status is passed on.
 
     The status is per instance (Swift's own), so that a client sees what Swift said (e.g. 400,
@@ -65,7 +65,7 @@ class QueueFullError(HapiServerError):
     status, code = 503, "queue_full"
 
 
-class SwiftUnavailableError(HapiServerError):
+class StorageUnavailableError(HapiServerError):
     status, code = 502, "swift_unavailable"
 
 

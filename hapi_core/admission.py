@@ -1,13 +1,11 @@
-"""The extraction core: what the HAPI server and the Swift filter's in-proxy execution share.
+"""Model admission and the answers every host gives alike.
 
-Model admission (:func:`admit_model`, :func:`check_weights`, :func:`build_model`), the input
-transform of a request (:func:`input_transform`), the response headers (:func:`extract_headers`)
-and how a failure after the status line becomes an error frame (:func:`stream_error`). Together
-with :mod:`hapi_server.inputs` (shard and image checks) and :mod:`hapi_server.engine` (head
-execution and frame encoding) this is everything an extraction is, with no web framework and no
-event loop: the server adds FastAPI routes and its memory scheduling, the filter its WSGI glue
-and the proxy's thread pool. Both answer the same bad input with the same status and code
-because they both call these functions.
+Whether a request may run a model (:func:`admit_model`), its weights' size before a byte is
+read (:func:`check_weights`), the weights' sha256 and load (:func:`build_model`), the caller's
+token (:func:`check_token`), the input transform of a request (:func:`input_transform`), the
+response headers (:func:`extract_headers`) and how a failure after the status line becomes an
+error frame (:func:`stream_error`). The HAPI server and the Swift filter's in-proxy execution
+both answer through these functions, so the same bad input gets the same status and code.
 """
 
 from __future__ import annotations
@@ -34,6 +32,7 @@ from .errors import (
     InsufficientMemoryError,
     InvalidRequestError,
     InvalidShardError,
+    UnauthorizedError,
 )
 from .estimates import model_footprint
 from .inputs import check_weights_size
@@ -44,6 +43,7 @@ T = TypeVar("T")
 __all__ = [
     "admit_model",
     "build_model",
+    "check_token",
     "check_weights",
     "extract_headers",
     "input_transform",
@@ -51,6 +51,14 @@ __all__ = [
     "stream_error",
     "validation_detail",
 ]
+
+
+def check_token(token: str | None) -> str:
+    """401 without the caller's Swift token: every read is the caller's own, and a request
+    without a token is refused in both executions, even for a public (``.r:*``) container."""
+    if not token:
+        raise UnauthorizedError("missing X-Auth-Token: send the Swift token of the caller")
+    return token
 
 
 def input_transform(spec: TransformSpec) -> hapi_models.InputTransform:
@@ -130,7 +138,7 @@ def stream_error(exc: BaseException) -> tuple[int, str]:
 
     Chosen by type alone: the server's own errors keep theirs; an image body that does not
     decode is 422; memory that ran out is 507 (``torch.OutOfMemoryError`` from CUDA,
-    ``MemoryError`` from Python or Pillow, and :class:`~hapi_server.engine.BatchExecutionError`,
+    ``MemoryError`` from Python or Pillow, and :class:`~hapi_core.engine.BatchExecutionError`,
     see there); anything else is 500.
     """
     if isinstance(exc, HapiServerError):

@@ -1,0 +1,161 @@
+"""The extraction core: one extraction, the same in the HAPI server and inside the Swift proxy.
+
+Model admission (:mod:`~hapi_core.admission`: architecture, split, weights' size, sha256 and
+the verified-weights cache), shard and image checks (:mod:`~hapi_core.inputs`), the memory
+planner with its admission (:mod:`~hapi_core.adaptation`, :mod:`~hapi_core.solver`,
+:mod:`~hapi_core.estimates`), head execution and frame encoding (:mod:`~hapi_core.engine`) and
+layer timing (:mod:`~hapi_core.timing`), with the steps of a request written once as flows
+(:mod:`~hapi_core.flow`, :mod:`~hapi_core.extraction`). It imports no web framework: the HAPI
+server adds its FastAPI routes and settings, the Swift filter its WSGI glue and the proxy's
+thread pool. Both answer the same input with the same status and code.
+
+Importing the package loads no torch (PEP 562): the Swift filter imports its errors and
+settings at proxy start, and torch only on its first in-proxy request.
+"""
+
+from typing import TYPE_CHECKING
+
+from hapi_contract.lazy import attach
+
+if TYPE_CHECKING:
+    from .adaptation import AsyncioTimers, DeviceScheduler, Reservation, Ticket, Timers
+    from .admission import (
+        admit_model,
+        build_model,
+        check_token,
+        check_weights,
+        extract_headers,
+        input_transform,
+        raising_server_errors,
+        stream_error,
+        validation_detail,
+    )
+    from .devices import Device
+    from .engine import (
+        BatchExecutionError,
+        ExtractionJob,
+        JobCancelled,
+        JobStats,
+        iter_frames,
+        run_extraction,
+    )
+    from .errors import (
+        ChecksumError,
+        ForbiddenError,
+        HapiServerError,
+        InsufficientMemoryError,
+        InvalidNameError,
+        InvalidRequestError,
+        InvalidShardError,
+        NotFoundError,
+        PayloadTooLargeError,
+        QueueFullError,
+        RequestTimeoutError,
+        StorageRefusedError,
+        StorageUnavailableError,
+        UnauthorizedError,
+    )
+    from .extraction import (
+        ModelPlan,
+        PreparedExtraction,
+        abandon,
+        conclude,
+        finish,
+        job_of,
+        load_planned,
+        pin_if_resident,
+        plan_weights,
+        prepare,
+        read_shard,
+        release_model,
+        reserve_and_load,
+    )
+    from .flow import (
+        Compute,
+        Effect,
+        Flow,
+        Get,
+        Head,
+        ObjectInfo,
+        Reserve,
+        StoredObject,
+        run_async,
+        run_blocking,
+    )
+    from .metrics import Metrics
+    from .runtime import CoreRuntime
+    from .settings import CoreSettings
+    from .solver import Demand, InfeasibleRequestError, Plan, solve
+    from .timing import time_head, time_request
+
+__getattr__, __dir__ = attach(__name__, __file__)
+
+__all__ = [
+    "AsyncioTimers",
+    "BatchExecutionError",
+    "ChecksumError",
+    "Compute",
+    "CoreRuntime",
+    "CoreSettings",
+    "Demand",
+    "Device",
+    "DeviceScheduler",
+    "Effect",
+    "ExtractionJob",
+    "Flow",
+    "ForbiddenError",
+    "Get",
+    "HapiServerError",
+    "Head",
+    "InfeasibleRequestError",
+    "InsufficientMemoryError",
+    "InvalidNameError",
+    "InvalidRequestError",
+    "InvalidShardError",
+    "JobCancelled",
+    "JobStats",
+    "Metrics",
+    "ModelPlan",
+    "NotFoundError",
+    "ObjectInfo",
+    "PayloadTooLargeError",
+    "Plan",
+    "PreparedExtraction",
+    "QueueFullError",
+    "RequestTimeoutError",
+    "Reservation",
+    "Reserve",
+    "StorageRefusedError",
+    "StorageUnavailableError",
+    "StoredObject",
+    "Ticket",
+    "Timers",
+    "UnauthorizedError",
+    "abandon",
+    "admit_model",
+    "build_model",
+    "check_token",
+    "check_weights",
+    "conclude",
+    "extract_headers",
+    "finish",
+    "input_transform",
+    "iter_frames",
+    "job_of",
+    "load_planned",
+    "pin_if_resident",
+    "plan_weights",
+    "prepare",
+    "raising_server_errors",
+    "read_shard",
+    "release_model",
+    "reserve_and_load",
+    "run_async",
+    "run_blocking",
+    "run_extraction",
+    "solve",
+    "stream_error",
+    "time_head",
+    "time_request",
+    "validation_detail",
+]

@@ -1,0 +1,306 @@
+"""One extraction from request to frames, the same for every host (see :mod:`hapi_core.flow`).
+
+Everything that can be refused with a status code (access, missing objects, sha256, shard
+format, limits, memory) is checked in :func:`prepare`, before a response starts; a failure
+after that (e.g. an image whose body is corrupt past its header) ends the stream with an error
+frame (:func:`~hapi_core.admission.stream_error`). :func:`prepare` runs in cost order: cheap
+checks, the meta-device profile, the weights' HEAD, the shard, the memory plan, and
+only then, inside the admitted memory, the model's load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import time
+from dataclasses import dataclass
+
+from hapi_contract import ExtractRequest, ModelRef
+from hapi_contract.frames import FrameEncoder
+
+from .adaptation import DeviceScheduler, Reservation, make_demand, new_request_id
+from .admission import admit_model, build_model, check_weights, input_transform
+from .engine import ExtractionJob, JobStats
+from .estimates import model_footprint
+from .flow import Compute, Flow, Get, Head, ObjectInfo, Reserve, StoredObject
+from .inputs import parse_shard
+from .runtime import CoreRuntime
+from .solver import Demand
+from .weights_cache import CachedModel, CacheKey
+
+__all__ = [
+    "ModelPlan",
+    "PreparedExtraction",
+    "abandon",
+    "conclude",
+    "finish",
+    "job_of",
+    "load_planned",
+    "pin_if_resident",
+    "plan_weights",
+    "prepare",
+    "read_shard",
+    "release_model",
+    "reserve_and_load",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelPlan:
+    """The weights a request needs, authorised and sized, before any of them is loaded."""
+
+    ref: ModelRef
+    key: CacheKey
+    info: ObjectInfo
+    load_bytes: int
+    """Memory the planner must admit to load the model (0: the cache already holds it)."""
+    entry: CachedModel | None = None
+    """The cached model, pinned for this request (released by :func:`release_model`)."""
+
+
+def plan_model(
+    rt: CoreRuntime, ref: ModelRef, info: ObjectInfo, scheduler: DeviceScheduler
+) -> ModelPlan:
+    """Size the load of ``ref``'s weights, whose HEAD as the caller answered ``info``.
+
+    A cached model is only handed to a caller who may read the weights object (the HEAD
+    authorised it), and only while that object is still the blob that was verified (its etag).
+    """
+    w = ref.weights
+    assert w is not None  # admit_model ran first
+    key: CacheKey = (w.sha256, ref.arch, ref.num_classes, scheduler.device.name)
+    entry = rt.weights.lookup(key)
+    if entry is not None and entry.etag == info.etag:
+        rt.weights.acquire(entry)
+        return ModelPlan(ref, key, info, 0, entry)
+    check_weights(ref, info.size, rt.settings.max_weights_bytes)
+    # The device memory the model will hold, planned before it is built. The blob itself is
+    # transient host memory, bounded by max_weights_bytes and freed once the model is loaded.
+    load_bytes = model_footprint(ref.arch, ref.num_classes).resident_bytes
+    return ModelPlan(ref, key, info, load_bytes)
+
+
+def plan_weights(rt: CoreRuntime, ref: ModelRef, scheduler: DeviceScheduler) -> Flow[ModelPlan]:
+    """Authorise the weights as the caller and size their load; nothing is read or built.
+
+    Cheap checks come first (the model's weight bytes against ``max_weights_bytes``, then the
+    object's size from a HEAD against the model's), so weights of another model, or a class
+    count whose classifier alone is gigabytes, are refused in milliseconds.
+    """
+    w = ref.weights
+    assert w is not None  # admit_model ran first
+    check_weights(ref, None, rt.settings.max_weights_bytes)
+    info: ObjectInfo = yield Head(w.container, w.object)
+    return plan_model(rt, ref, info, scheduler)
+
+
+def read_shard(
+    rt: CoreRuntime, container: str, shard: str, num_classes: int
+) -> Flow[tuple[list[bytes], list[int]]]:
+    """A shard's images and labels, read as the caller and checked (format, counts, headers)."""
+    blob: StoredObject = yield Get(container, shard, rt.settings.max_object_bytes)
+    parse = functools.partial(
+        parse_shard,
+        blob.data,
+        f"{container}/{shard}",
+        max_samples=rt.settings.max_samples_per_request,
+        max_pixels=rt.settings.max_image_pixels,
+        num_classes=num_classes,
+    )
+    del blob
+    checked: tuple[list[bytes], list[int]] = yield Compute(parse)
+    return checked
+
+
+def load_planned(
+    rt: CoreRuntime, plan: ModelPlan, scheduler: DeviceScheduler, reservation: Reservation
+) -> Flow[CachedModel]:
+    """The planned model on the scheduler's device, loaded within the admitted reservation."""
+    if plan.entry is not None:
+        return plan.entry
+    ref, w = plan.ref, plan.ref.weights
+    assert w is not None  # admit_model ran first
+    entry = rt.weights.lookup(plan.key)
+    if entry is None or entry.etag != plan.info.etag:
+        blob: StoredObject = yield Get(w.container, w.object, rt.settings.max_weights_bytes)
+        build = functools.partial(build_model, ref, blob.data, scheduler.device.torch_device)
+        model = yield Compute(build)
+        # Another request may have loaded the same blob meanwhile: keep one copy, the cached.
+        entry = rt.weights.lookup(plan.key)
+        if entry is None or entry.etag != blob.etag:
+            entry = rt.weights.insert(plan.key, model, blob.etag)
+    rt.weights.acquire(entry)
+    plan.entry = entry
+    # The model is resident now (the cache counts it) and the load's copies are gone.
+    scheduler.hand_over_model_bytes(reservation, plan.load_bytes)
+    return entry
+
+
+def reserve_and_load(
+    rt: CoreRuntime, plan: ModelPlan, scheduler: DeviceScheduler, demand: Demand
+) -> Flow[tuple[Reservation, CachedModel]]:
+    """Wait for memory for ``demand``, then load the planned model within it. On a failure the
+    reservation is released; the plan's pinned model stays the caller's to release."""
+    pinned = plan.entry.nbytes if plan.entry is not None else 0
+    refresh = functools.partial(pin_if_resident, rt, plan)
+    reservation: Reservation = yield Reserve(scheduler, demand, pinned, refresh)
+    try:
+        entry = yield from load_planned(rt, plan, scheduler, reservation)
+    except BaseException:
+        scheduler.release(reservation)
+        raise
+    return reservation, entry
+
+
+def pin_if_resident(rt: CoreRuntime, plan: ModelPlan, demand: Demand) -> Demand:
+    """``demand`` less the model's load once the cache holds the planned model (another
+    request loaded it meanwhile), which is then pinned for this request; for a waiting request,
+    before each planning round (see :meth:`DeviceScheduler.submit`)."""
+    if plan.entry is not None or plan.load_bytes == 0:
+        return demand
+    entry = rt.weights.lookup(plan.key)
+    if entry is None or entry.etag != plan.info.etag:
+        return demand
+    rt.weights.acquire(entry)
+    load, plan.entry, plan.load_bytes = plan.load_bytes, entry, 0
+    return dataclasses.replace(demand, model_bytes=max(0, demand.model_bytes - load))
+
+
+def release_model(rt: CoreRuntime, plan: ModelPlan) -> None:
+    """Unpin the plan's model, if it holds one (after an error before the request ran)."""
+    if plan.entry is not None:
+        rt.weights.release(plan.entry)
+        plan.entry = None
+
+
+@dataclass
+class PreparedExtraction:
+    request: ExtractRequest
+    request_id: str
+    scheduler: DeviceScheduler
+    reservation: Reservation
+    model: CachedModel
+    images: list[bytes]
+    labels: list[int]
+    started: float
+    queued_s: float
+    stream_started: bool = False
+    finished: bool = False
+
+
+def prepare(rt: CoreRuntime, req: ExtractRequest) -> Flow[PreparedExtraction]:
+    """Everything refusable with a status, in cost order: cheap checks, reads, admission, load."""
+    started = time.perf_counter()
+    settings = rt.settings
+    spec = admit_model(req.model, req.split_index)
+    request_id = req.request_id or new_request_id()
+    transform = input_transform(req.transform)
+    scheduler = rt.pick_scheduler()
+    if req.profile is not None and req.profile.num_layers != spec.num_layers:
+        log.warning(
+            "%s: client profile has %d layers, %s has %d",
+            request_id,
+            req.profile.num_layers,
+            req.model.arch,
+            spec.num_layers,
+        )
+    # A meta-device profile: milliseconds, and a 422 for a crop the network cannot take.
+    est = yield Compute(
+        functools.partial(
+            rt.estimator.estimate,
+            req.model.arch,
+            req.model.num_classes,
+            transform.input_shape,
+            req.split_index,
+            scheduler.device.torch_device.type,
+        )
+    )
+    plan = yield from plan_weights(rt, req.model, scheduler)
+    try:
+        images, labels = yield from read_shard(rt, req.container, req.shard, req.model.num_classes)
+        demand = make_demand(
+            request_id,
+            est.bytes_per_sample,
+            plan.load_bytes,  # 0 when the weights are resident (counted by the cache)
+            settings.b_min,
+            min(req.b_max, len(images)),
+        )
+        queued_at = time.perf_counter()
+        reservation, entry = yield from reserve_and_load(rt, plan, scheduler, demand)
+    except BaseException:
+        release_model(rt, plan)
+        raise
+    return PreparedExtraction(
+        request=req,
+        request_id=request_id,
+        scheduler=scheduler,
+        reservation=reservation,
+        model=entry,
+        images=images,
+        labels=labels,
+        started=started,
+        queued_s=time.perf_counter() - queued_at,
+    )
+
+
+def finish(rt: CoreRuntime, prep: PreparedExtraction, status: str) -> None:
+    """Release the request's memory and weights and count it; idempotent, never blocks."""
+    if prep.finished:
+        return
+    prep.finished = True
+    prep.scheduler.release(prep.reservation)
+    rt.weights.release(prep.model)
+    elapsed = time.perf_counter() - prep.started
+    rt.metrics.request_seconds.labels("extract", status).observe(elapsed)
+    rt.metrics.requests.labels("extract", status).inc()
+
+
+def abandon(rt: CoreRuntime, prep: PreparedExtraction) -> None:
+    """The response ended before its stream started (the client left while the request was
+    queued, say): nothing else will release the reservation, so release it now."""
+    if not prep.stream_started:
+        finish(rt, prep, "499")
+
+
+def job_of(rt: CoreRuntime, prep: PreparedExtraction) -> ExtractionJob:
+    """The compute of a prepared request: its head over its images at the planned COS batch."""
+    prep.stream_started = True
+    req = prep.request
+    return ExtractionJob(
+        model=prep.model.model,
+        split=req.split_index,
+        images=prep.images,
+        labels=prep.labels,
+        transform=input_transform(req.transform),
+        batch_size=prep.reservation.batch_size,
+        device=prep.scheduler.device,
+        max_pixels=rt.settings.max_image_pixels,
+        encoder=FrameEncoder(dtype=req.output_dtype, compression=req.compression),
+    )
+
+
+def conclude(
+    rt: CoreRuntime, prep: PreparedExtraction, job: ExtractionJob, stats: JobStats
+) -> dict[str, object]:
+    """Learn from a finished job (the estimator's measured peak, the metrics) and return the
+    end frame's meta."""
+    req = prep.request
+    if stats.peak_bytes_per_sample is not None:
+        rt.estimator.observe(
+            req.model.arch,
+            req.model.num_classes,
+            job.transform.input_shape,
+            req.split_index,
+            job.device.torch_device.type,
+            stats.peak_bytes_per_sample,
+        )
+        rt.metrics.measured_peak_bytes.labels(job.device.name).set(
+            stats.peak_bytes_per_sample * job.batch_size
+        )
+    rt.metrics.samples.labels("extract").inc(len(prep.images))
+    meta = stats.as_meta(time.perf_counter() - prep.started, prep.queued_s)
+    meta.update(request_id=prep.request_id, device=job.device.name, split_index=req.split_index)
+    return meta

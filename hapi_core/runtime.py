@@ -1,0 +1,85 @@
+"""Everything one extraction host holds: devices, their schedulers, the caches and metrics.
+
+The HAPI server holds one (:class:`hapi_server.state.ServerState` extends it with its Swift
+reader and worker threads); so does the Swift filter's in-proxy execution, created on its first
+request. Both plan memory, cache verified models and keep layer times in the same objects.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+import torch
+
+from .adaptation import DeviceScheduler, Timers
+from .devices import Device, discover_devices
+from .estimates import MemoryEstimator
+from .metrics import Metrics
+from .settings import CoreSettings
+from .timing_cache import LayerTimes
+from .weights_cache import WeightsCache
+
+__all__ = ["CoreRuntime"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class CoreRuntime:
+    settings: CoreSettings
+    devices: list[Device]
+    schedulers: dict[str, DeviceScheduler]
+    weights: WeightsCache
+    estimator: MemoryEstimator
+    metrics: Metrics
+    layer_times: LayerTimes = field(default_factory=LayerTimes.empty)
+    """Per-layer seconds per sample measured by timing requests, per model and device."""
+
+    @classmethod
+    def create(cls, settings: CoreSettings, timers: Timers | None = None, **extra: Any) -> Self:
+        """Discover the devices and set torch up as ``settings`` say; ``timers`` start the
+        schedulers' planning rounds (default: the running asyncio loop). ``extra``: the fields
+        a subclass adds."""
+        if settings.torch_threads:
+            torch.set_num_threads(settings.torch_threads)
+        # hapi_models imports torchvision lazily (clients that never build a model skip it); a
+        # host builds models and decodes images for every request, so take its ~170 MB and
+        # seconds now rather than inside the first request's admitted memory and latency.
+        import torchvision.models
+        import torchvision.transforms.v2  # noqa: F401
+
+        # cuDNN runs float32 convolutions in TF32 by default: on an H100, features of a float32
+        # request then differed from the CPU head by up to 1e-3 relative (5e-2 absolute for
+        # EfficientNet-Lite0 at split 10), which breaks "splitting never changes results".
+        torch.backends.cudnn.allow_tf32 = settings.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = settings.allow_tf32
+        devices = discover_devices(settings)
+        metrics = Metrics()
+        weights = WeightsCache(settings.weights_cache_bytes)
+        schedulers = {}
+        for device in devices:
+            sched = DeviceScheduler(device, settings, metrics)
+            if timers is not None:
+                sched.timers = timers
+            sched.resident_weights = weights.resident_bytes
+            sched.evict_idle = weights.evict_idle
+            schedulers[device.name] = sched
+        log.info(
+            "HAPI devices: %s",
+            ", ".join(f"{d.name} ({d.total_bytes / 2**30:.1f} GiB)" for d in devices),
+        )
+        return cls(
+            settings=settings,
+            devices=devices,
+            schedulers=schedulers,
+            weights=weights,
+            estimator=MemoryEstimator(),
+            metrics=metrics,
+            **extra,
+        )
+
+    def pick_scheduler(self) -> DeviceScheduler:
+        """Spread requests evenly: the device with the fewest waiting + running requests."""
+        return min(self.schedulers.values(), key=lambda s: (s.load, -s.free_bytes()))

@@ -9,8 +9,8 @@ of any running request triggers.
 The scheduler itself never blocks and is used from one thread: the HAPI server's event loop, or
 the Swift proxy's eventlet hub. How a request waits for its round is the caller's: the server
 awaits :meth:`DeviceScheduler.acquire`; the filter's in-proxy execution waits on an eventlet
-event around :meth:`DeviceScheduler.submit` and :meth:`DeviceScheduler.settle`. Rounds are
-started through :class:`Timers`, the one thing each host supplies.
+event inside :meth:`DeviceScheduler.waiting`. Rounds are started through :class:`Timers`, the
+one thing each host supplies.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -130,18 +131,34 @@ class DeviceScheduler:
             if not ready.done():
                 ready.set_result(None)
 
-        ticket = self.submit(demand, pinned_bytes, refresh, on_ready=wake)
-        served = False
-        try:
-            if ticket.reservation is None:
+        with self.waiting(demand, pinned_bytes, refresh, on_ready=wake) as ticket:
+            try:
                 await asyncio.wait_for(asyncio.shield(ready), self.settings.request_timeout_s)
-            served = True
-        except TimeoutError as exc:
-            raise self.timed_out(ticket) from exc
-        finally:
-            reservation = self.settle(ticket, served=served)
-        assert reservation is not None
-        return reservation
+            except TimeoutError as exc:
+                raise self.timed_out(ticket) from exc
+        assert ticket.reservation is not None
+        return ticket.reservation
+
+    @contextmanager
+    def waiting(
+        self,
+        demand: Demand,
+        pinned_bytes: int = 0,
+        refresh: Callable[[Demand], Demand] | None = None,
+        *,
+        on_ready: Callable[[], None],
+    ) -> Iterator[Ticket]:
+        """:meth:`submit` ``demand``; the body waits until ``on_ready`` was called (or raises
+        :meth:`timed_out`). The ticket is settled on the way out: served when the body ended
+        normally, released when it raised (a timeout, a cancellation). ``on_ready`` may have
+        been called before the body starts (always so without adaptation)."""
+        ticket = self.submit(demand, pinned_bytes, refresh, on_ready=on_ready)
+        try:
+            yield ticket
+        except BaseException:
+            self.settle(ticket, served=False)
+            raise
+        self.settle(ticket, served=True)
 
     def submit(
         self,
@@ -165,6 +182,7 @@ class DeviceScheduler:
         ticket = Ticket(demand, on_ready, refresh)
         if not self.settings.adaptation:
             ticket.reservation = self._admit(demand, demand.b_max)
+            on_ready()
             return ticket
         # Weights the request holds (pinned, resident) or will load (its model_bytes) are
         # never freed for it: they come off the capacity, and the samples must fit the rest.

@@ -7,7 +7,9 @@
 # mmdebstrap when no registry answers), the torch wheel index (the PyTorch CPU index, or a local
 # PEP 503 index from `pip download` when that cannot be reached), build, `up -d`, health, the seed
 # (`logs -f seed`), a fine-tuning through Swift's HAPI filter with a split above 0, one raw
-# `curl` extraction, `down -v`, and a check that no container, volume or network is left.
+# `curl` extraction, the same extraction through the in-proxy execution (the `in-proxy` profile's
+# Swift, hapi/swift:full) and its refusal of a request that cannot fit its memory budget, `down -v`,
+# and a check that no container, volume or network is left.
 #
 # It removes exactly what it created (the compose project's containers, volumes and networks,
 # its client containers, the index server by PID). It keeps the images and its cache
@@ -25,7 +27,7 @@ PUBLIC_TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH_PINS=(torch==2.14.1 torchvision==0.29.1)
 PODMAN_COMPOSE_VERSION=1.6.0
 BASES=(docker.io/library/python:3.11-slim-bookworm docker.io/library/debian:bookworm-slim)
-IMAGES=(hapi/swift:local hapi/hapi-server:cpu)
+IMAGES=(hapi/swift:local hapi/swift:full hapi/hapi-server:cpu)
 NICE=(nice -n 10)
 SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
 RUN=$(mktemp -d "${TMPDIR:-/tmp}/hapi-compose-check.XXXXXX")
@@ -86,7 +88,7 @@ apt_install() {
 
 use_docker() {
     ENGINE=docker
-    COMPOSE=(docker compose -p "$PROJECT" -f docker-compose.yml)
+    COMPOSE=(docker compose -p "$PROJECT" -f docker-compose.yml --profile in-proxy)
     did "engine: Docker $(docker version --format '{{.Server.Version}}') with docker compose"
 }
 
@@ -135,7 +137,7 @@ EOF
         did "installed podman-compose $PODMAN_COMPOSE_VERSION from PyPI (Debian's 1.0.3 is too old)"
     fi
     # podman-compose does not pass the compose file's build.network on: give it directly.
-    COMPOSE=("$venv/bin/podman-compose" -p "$PROJECT" -f docker-compose.yml
+    COMPOSE=("$venv/bin/podman-compose" -p "$PROJECT" -f docker-compose.yml --profile in-proxy
         "--podman-build-args=--network host")
     did "engine: podman $(podman version --format '{{.Client.Version}}') (runc, cgroupfs; settings in $conf) with podman-compose $PODMAN_COMPOSE_VERSION"
 }
@@ -398,10 +400,8 @@ PY
 
 curl_extract() {
     local auth=http://127.0.0.1:$HAPI_SWIFT_PORT/auth/v1.0
-    curl -fsS -D "$RUN/auth.h" -o /dev/null -H "X-Auth-User: test:tester" -H "X-Auth-Key: testing" "$auth"
     local token storage
-    token=$(grep -i '^x-auth-token:' "$RUN/auth.h" | cut -d' ' -f2 | tr -d '\r')
-    storage=$(grep -i '^x-storage-url:' "$RUN/auth.h" | cut -d' ' -f2 | tr -d '\r')
+    read -r token storage < <(auth "$auth" main)
     curl -fsS -H "X-Auth-Token: $token" -o "$RUN/resnet18.json" "$storage/models/resnet18.json"
     curl -fsS -H "X-Auth-Token: $token" -o "$RUN/manifest.json" "$storage/fashion-mnist/manifest.json"
     local shard
@@ -438,18 +438,80 @@ PY
         || fail "curl extraction: not an x-hapi-frames stream"
     # Decode it with the project's own decoder, in the image.
     cat >"$RUN/decode.py" <<'PY'
+import sys
+
 from hapi_contract.frames import FrameDecoder
 
 decoder = FrameDecoder()
-data = open("/out/frames.bin", "rb").read()
+data = open(sys.argv[1], "rb").read()
 frames = decoder.feed(data)
 end = decoder.close()
 shape = tuple(frames[0].features.shape)
 print(f"{end.samples} samples in {end.frames} frames, features {shape[1:]}, {len(data)} bytes")
 PY
-    CURL_RESULT=$(client decode python3 /out/decode.py) || fail "the curl extraction's frames do not decode"
+    CURL_RESULT=$(client decode python3 /out/decode.py /out/frames.bin) \
+        || fail "the curl extraction's frames do not decode"
     [ -n "$CURL_RESULT" ] || fail "the curl extraction's frames do not decode"
     did "curl extraction of fashion-mnist/$shard at split 4 through Swift: 200, $CURL_RESULT"
+    SHARD=$shard
+}
+
+auth() {  # AUTH_URL NAME: "token storage_url" of test:tester at AUTH_URL
+    curl -fsS -D "$RUN/auth-$2.h" -o /dev/null -H "X-Auth-User: test:tester" \
+        -H "X-Auth-Key: testing" "$1"
+    echo "$(grep -i '^x-auth-token:' "$RUN/auth-$2.h" | cut -d' ' -f2 | tr -d '\r')" \
+        "$(grep -i '^x-storage-url:' "$RUN/auth-$2.h" | cut -d' ' -f2 | tr -d '\r')"
+}
+
+in_proxy_extract() {
+    # The in-proxy Swift is an all-in-one of its own: give it the seeded shard and weights.
+    local port=$HAPI_IN_PROXY_PORT token storage token2 storage2 weights
+    wait_service swift-in-proxy "http://127.0.0.1:$port/healthcheck"
+    read -r token storage < <(auth "http://127.0.0.1:$HAPI_SWIFT_PORT/auth/v1.0" main)
+    read -r token2 storage2 < <(auth "http://127.0.0.1:$port/auth/v1.0" in-proxy)
+    weights=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["object"])' \
+        "$RUN/resnet18.json")
+    for object in "fashion-mnist/$SHARD" "models/$weights"; do
+        curl -fsS -X PUT -H "X-Auth-Token: $token2" "$storage2/${object%%/*}"
+        curl -fsS -H "X-Auth-Token: $token" -o "$RUN/copy" "$storage/$object"
+        curl -fsS -X PUT -H "X-Auth-Token: $token2" -T "$RUN/copy" "$storage2/$object"
+    done
+    local status
+    status=$(curl -sS -o "$RUN/in-proxy.bin" -D "$RUN/in-proxy.h" -w '%{http_code}' -X POST \
+        -H "X-Auth-Token: $token2" -H "X-Hapi-Request: extract" \
+        -H "Content-Type: application/json" --data-binary "@$RUN/extract.json" \
+        "$storage2/fashion-mnist/$SHARD")
+    [ "$status" = 200 ] || fail "in-proxy extraction answered $status: $(head -c 400 "$RUN/in-proxy.bin")"
+    grep -qi '^x-hapi-execution: in_proxy' "$RUN/in-proxy.h" \
+        || fail "the in-proxy extraction did not run in the proxy"
+    local result
+    result=$(client decode-in-proxy python3 /out/decode.py /out/in-proxy.bin) \
+        || fail "the in-proxy extraction's frames do not decode"
+    # The same samples and feature shape as through the HAPI server (frame count and bytes follow
+    # each host's planned COS batch).
+    features() { sed -E 's/^([0-9]+) samples in [0-9]+ frames, features (\([^)]*\)).*/\1 \2/' <<<"$1"; }
+    [ "$(features "$result")" = "$(features "$CURL_RESULT")" ] \
+        || fail "in-proxy: $result; through the HAPI server: $CURL_RESULT"
+    did "the same extraction inside the proxy (hapi/swift:full, execution = in_proxy): 200, $result"
+    # resnet18 up to layer 14 on 1024x1024 inputs: even the smallest COS batch exceeds 2 GiB.
+    python3 - "$RUN" <<'PY'
+import json, sys
+from pathlib import Path
+
+run = Path(sys.argv[1])
+body = json.loads((run / "extract.json").read_text())
+body.update(split_index=14, transform={**body["transform"], "resize": 1024, "crop": 1024})
+(run / "too-big.json").write_text(json.dumps(body))
+PY
+    status=$(curl -sS -o "$RUN/too-big.out" -w '%{http_code}' -X POST \
+        -H "X-Auth-Token: $token2" -H "X-Hapi-Request: extract" \
+        -H "Content-Type: application/json" --data-binary "@$RUN/too-big.json" \
+        "$storage2/fashion-mnist/$SHARD")
+    [ "$status" = 507 ] && grep -q '"code": *"insufficient_memory"' "$RUN/too-big.out" \
+        || fail "the in-proxy execution answered $status to a request over its budget: $(head -c 400 "$RUN/too-big.out")"
+    local memory
+    memory=$($ENGINE stats --no-stream --format '{{.MemUsage}}' "$(container_of swift-in-proxy)")
+    did "a request over the in-proxy budget (resnet18, split 14, 1024x1024): 507 insufficient_memory; the Swift container's memory after both requests: $memory"
 }
 
 down() {
@@ -467,6 +529,8 @@ main() {
     export HAPI_SWIFT_PORT=${HAPI_SWIFT_PORT:-8080} HAPI_SERVER_PORT=${HAPI_SERVER_PORT:-8090}
     port_free "$HAPI_SWIFT_PORT" || HAPI_SWIFT_PORT=$(free_port)
     port_free "$HAPI_SERVER_PORT" || HAPI_SERVER_PORT=$(free_port)
+    export HAPI_IN_PROXY_PORT=${HAPI_IN_PROXY_PORT:-8081}
+    port_free "$HAPI_IN_PROXY_PORT" || HAPI_IN_PROXY_PORT=$(free_port)
     timed "engine" choose_engine
     if [ -n "$(leftovers)" ]; then
         fail "project $PROJECT already has containers, volumes or networks (set HAPI_CHECK_PROJECT): $(leftovers | tr '\n' ' ')"
@@ -475,6 +539,7 @@ main() {
     timed "torch wheel index" ensure_torch_index
     export TORCH_INDEX_URL
     timed "build swift" build swift hapi/swift:local
+    timed "build swift-in-proxy" build swift-in-proxy hapi/swift:full
     # The seed runs the same image (hapi/hapi-server:cpu): one build serves both.
     timed "build hapi-server" build hapi-server hapi/hapi-server:cpu
     timed "up -d" up
@@ -482,6 +547,7 @@ main() {
     timed "seed (logs -f seed)" seed
     timed "finetune via swift" finetune
     timed "curl extraction" curl_extract
+    timed "in-proxy extraction" in_proxy_extract
     timed "down -v" down
 
     echo

@@ -84,19 +84,14 @@ def _wait_for_memory(
         if not ready.ready():
             ready.send(None)
 
-    ticket = scheduler.submit(demand, pinned_bytes, refresh, on_ready=wake)
-    served = False
-    try:
-        if ticket.reservation is None:
+    with scheduler.waiting(demand, pinned_bytes, refresh, on_ready=wake) as ticket:
+        try:
             with eventlet.Timeout(scheduler.settings.request_timeout_s):
                 ready.wait()
-        served = True
-    except eventlet.Timeout as exc:
-        raise scheduler.timed_out(ticket) from exc
-    finally:
-        reservation = scheduler.settle(ticket, served=served)
-    assert reservation is not None
-    return reservation
+        except eventlet.Timeout as exc:
+            raise scheduler.timed_out(ticket) from exc
+    assert ticket.reservation is not None
+    return ticket.reservation
 
 
 class _ProxyHost:

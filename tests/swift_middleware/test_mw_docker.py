@@ -50,7 +50,7 @@ def compose_config(*args: str) -> dict[str, Any]:
 @needs_compose
 def test_docker_compose_accepts_the_file() -> None:
     services = compose_config()["services"]
-    assert set(services) == {"swift", "hapi-server", "hapi-server-gpu", "seed"}
+    assert set(services) == {"swift", "swift-in-proxy", "hapi-server", "hapi-server-gpu", "seed"}
     swift = services["swift"]
     assert "/healthcheck" in " ".join(swift["healthcheck"]["test"])
     assert [p["target"] for p in swift["ports"]] == [8080]
@@ -70,6 +70,11 @@ def test_docker_compose_accepts_the_file() -> None:
     assert device["capabilities"] == ["gpu"] and device["driver"] == "nvidia"
     assert "deploy" not in services["hapi-server"]  # the default server needs no GPU
     assert services["hapi-server"]["build"]["args"]["TORCH_INDEX_URL"].endswith("/cpu")
+    in_proxy = services["swift-in-proxy"]
+    assert in_proxy["profiles"] == ["in-proxy"]
+    assert in_proxy["build"]["args"]["HAPI_INSTALL"] == "full"
+    assert in_proxy["environment"]["HAPI_FILTER_EXECUTION"] == "in_proxy"
+    assert in_proxy["image"] != swift["image"]  # the filter-only image stays small
     seed = services["seed"]
     assert seed["entrypoint"] == ["/opt/hapi/docker/entrypoints/seed.sh"]
     assert seed["depends_on"]["swift"]["condition"] == "service_healthy"

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from .errors import (
         ChecksumError,
         ForbiddenError,
-        HapiServerError,
+        HapiCoreError,
         InsufficientMemoryError,
         InvalidNameError,
         InvalidRequestError,
@@ -105,7 +105,7 @@ __all__ = [
     "Flow",
     "ForbiddenError",
     "Get",
-    "HapiServerError",
+    "HapiCoreError",
     "Head",
     "InfeasibleRequestError",
     "InsufficientMemoryError",

@@ -28,7 +28,7 @@ from hapi_contract import (
 from .engine import BatchExecutionError
 from .errors import (
     ChecksumError,
-    HapiServerError,
+    HapiCoreError,
     InsufficientMemoryError,
     InvalidRequestError,
     InvalidShardError,
@@ -141,7 +141,7 @@ def stream_error(exc: BaseException) -> tuple[int, str]:
     ``MemoryError`` from Python or Pillow, and :class:`~hapi_core.engine.BatchExecutionError`,
     see there); anything else is 500.
     """
-    if isinstance(exc, HapiServerError):
+    if isinstance(exc, HapiCoreError):
         return exc.status, exc.detail
     detail = f"{type(exc).__name__}: {exc}"[:2000]
     if isinstance(exc, hapi_models.ImageDecodeError):
@@ -157,7 +157,7 @@ def raising_server_errors(work: Callable[P, T], *args: P.args, **kwargs: P.kwarg
     decode is a 422, memory that ran out a 507, never a 500."""
     try:
         return work(*args, **kwargs)
-    except HapiServerError:
+    except HapiCoreError:
         raise
     except Exception as exc:
         status, detail = stream_error(exc)

@@ -1,9 +1,30 @@
-"""Exception tree of the HAPI server: each error knows its HTTP status and a machine code."""
+"""Exception tree of the extraction core: each error knows its HTTP status and a machine code.
+
+Both hosts answer these as they are: the HAPI server as ``{"detail", "code"}`` JSON with the
+status, the Swift filter's in-proxy execution likewise, so one refusal reads the same in both::
+
+    HapiCoreError                  500 internal_error
+    ├── UnauthorizedError          401 unauthorized
+    ├── ForbiddenError             403 forbidden
+    ├── NotFoundError              404 not_found
+    ├── ChecksumError              409 sha256_mismatch
+    ├── PayloadTooLargeError       413 too_large
+    ├── InvalidRequestError        422 invalid_request
+    │   └── InvalidNameError       422 invalid_name
+    ├── InvalidShardError          422 invalid_shard
+    ├── StorageRefusedError        Swift's own 4xx, swift_refused
+    ├── QueueFullError             503 queue_full
+    ├── StorageUnavailableError    502 swift_unavailable
+    ├── RequestTimeoutError        504 timeout
+    └── InsufficientMemoryError    507 insufficient_memory
+"""
 
 from __future__ import annotations
 
 
-class HapiServerError(Exception):
+class HapiCoreError(Exception):
+    """Base of every refusal of the core and its hosts."""
+
     status: int = 500
     code: str = "internal_error"
 
@@ -13,27 +34,27 @@ class HapiServerError(Exception):
         self.headers = headers or {}
 
 
-class UnauthorizedError(HapiServerError):
+class UnauthorizedError(HapiCoreError):
     status, code = 401, "unauthorized"
 
 
-class ForbiddenError(HapiServerError):
+class ForbiddenError(HapiCoreError):
     status, code = 403, "forbidden"
 
 
-class NotFoundError(HapiServerError):
+class NotFoundError(HapiCoreError):
     status, code = 404, "not_found"
 
 
-class ChecksumError(HapiServerError):
+class ChecksumError(HapiCoreError):
     status, code = 409, "sha256_mismatch"
 
 
-class PayloadTooLargeError(HapiServerError):
+class PayloadTooLargeError(HapiCoreError):
     status, code = 413, "too_large"
 
 
-class InvalidRequestError(HapiServerError):
+class InvalidRequestError(HapiCoreError):
     status, code = 422, "invalid_request"
 
 
@@ -43,11 +64,11 @@ class InvalidNameError(InvalidRequestError):
     code = "invalid_name"
 
 
-class InvalidShardError(HapiServerError):
+class InvalidShardError(HapiCoreError):
     status, code = 422, "invalid_shard"
 
 
-class StorageRefusedError(HapiServerError):
+class StorageRefusedError(HapiCoreError):
     """Swift answered a 4xx that has no class of its own here: its status is passed on.
 
     The status is per instance (Swift's own), so that a client sees what Swift said (e.g. 400,
@@ -61,17 +82,17 @@ class StorageRefusedError(HapiServerError):
         self.status = status
 
 
-class QueueFullError(HapiServerError):
+class QueueFullError(HapiCoreError):
     status, code = 503, "queue_full"
 
 
-class StorageUnavailableError(HapiServerError):
+class StorageUnavailableError(HapiCoreError):
     status, code = 502, "swift_unavailable"
 
 
-class RequestTimeoutError(HapiServerError):
+class RequestTimeoutError(HapiCoreError):
     status, code = 504, "timeout"
 
 
-class InsufficientMemoryError(HapiServerError):
+class InsufficientMemoryError(HapiCoreError):
     status, code = 507, "insufficient_memory"

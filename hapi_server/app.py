@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hapi_core.admission import validation_detail
-from hapi_core.errors import HapiServerError
+from hapi_core.errors import HapiCoreError
 
 from .body_limit import BodyLimitMiddleware
 from .routers import extract, finetune, health, metrics, models, timings
@@ -47,7 +47,7 @@ async def _http_error(_: Request, exc: Exception) -> JSONResponse:
 
 
 async def _hapi_error(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, HapiServerError)
+    assert isinstance(exc, HapiCoreError)
     return _error(exc.status, exc.code, exc.detail, exc.headers or None)
 
 
@@ -91,7 +91,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     # it saw only Content-Length, so a chunked body of any size went through.
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_body_bytes)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(HapiServerError, _hapi_error)
+    app.add_exception_handler(HapiCoreError, _hapi_error)
     app.add_exception_handler(Exception, _unexpected)
     app.add_exception_handler(RequestValidationError, _invalid)
     for module in (extract, timings, finetune, models, health, metrics):

@@ -17,7 +17,7 @@ import httpx
 from hapi_core.admission import check_token
 from hapi_core.errors import (
     ForbiddenError,
-    HapiServerError,
+    HapiCoreError,
     InvalidNameError,
     InvalidRequestError,
     NotFoundError,
@@ -146,7 +146,7 @@ class SwiftReader:
                     if len(buf) > max_bytes:
                         raise PayloadTooLargeError(f"{what} exceeds the limit of {max_bytes} bytes")
                 return StoredObject(bytes(buf), resp.headers.get("etag", "").strip('"'))
-        except HapiServerError:
+        except HapiCoreError:
             raise
         except httpx.HTTPError as exc:
             raise StorageUnavailableError(

@@ -85,7 +85,7 @@ from hapi_contract import (
     HEADER_STORAGE_URL,
     TIMINGS_PATH,
 )
-from hapi_core.errors import HapiServerError
+from hapi_core.errors import HapiCoreError
 from swift_middleware.config import Execution, FilterConfig
 from swift_middleware.errors import HapiResponseError
 from swift_middleware.hapi_request import (
@@ -104,7 +104,7 @@ LOG_ROUTE = "hapi"
 """The filter's route in the proxy's logging (``get_logger``'s ``log_route``)."""
 
 
-def json_error(exc: HapiResponseError | HapiServerError) -> Response:
+def json_error(exc: HapiResponseError | HapiCoreError) -> Response:
     """The response for ``exc``: its status and headers, body ``{"detail": ..., "code": ...}``."""
     body = json.dumps({"detail": exc.detail, "code": exc.code}).encode()
     return Response(
@@ -141,7 +141,7 @@ class HapiMiddleware:
             return self.app(env, start_response)
         try:
             resp = self.handle(req)
-        except (HapiResponseError, HapiServerError) as exc:
+        except (HapiResponseError, HapiCoreError) as exc:
             self.logger.info(
                 "HAPI request %s %s refused: %s %s", req.method, req.path, exc.status, exc.detail
             )
@@ -155,7 +155,7 @@ class HapiMiddleware:
         if self.in_proxy is not None:
             try:
                 return self.in_proxy.handle(req, hapi)
-            except HapiServerError as exc:
+            except HapiCoreError as exc:
                 # As a decoupled refusal carries it: which execution answered.
                 exc.headers.setdefault(HEADER_EXECUTION, Execution.IN_PROXY.value)
                 raise

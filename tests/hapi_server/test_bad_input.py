@@ -21,7 +21,7 @@ import pytest
 from hapi_contract import write_shard
 from hapi_core.errors import (
     ForbiddenError,
-    HapiServerError,
+    HapiCoreError,
     InvalidNameError,
     NotFoundError,
     PayloadTooLargeError,
@@ -377,7 +377,7 @@ def _reader(handler: Callable[[httpx.Request], httpx.Response]) -> SwiftReader:
     ],
 )
 def test_swift_answers_map_to_the_matching_status(
-    status: int, error: type[HapiServerError], expected: int
+    status: int, error: type[HapiCoreError], expected: int
 ) -> None:
     reader = _reader(lambda _: httpx.Response(status, headers={"Retry-After": "3"}))
 
@@ -386,7 +386,7 @@ def test_swift_answers_map_to_the_matching_status(
         for call in (reader.head(CALLER, "c", "o"), reader.get(CALLER, "c", "o", max_bytes=10)):
             try:
                 await call
-            except HapiServerError as exc:
+            except HapiCoreError as exc:
                 out.append(exc)
         await reader.aclose()
         return out

@@ -63,13 +63,13 @@ def test_settings_table_is_generated_from_server_settings() -> None:
 
 
 def test_every_error_code_is_documented() -> None:
-    import hapi_server
+    import hapi_core
 
     text = DOC.read_text()
-    for name in hapi_server.__all__:
-        cls = getattr(hapi_server, name)
-        if isinstance(cls, type) and issubclass(cls, hapi_server.HapiServerError):
-            if cls is not hapi_server.HapiServerError:
+    for name in hapi_core.__all__:
+        cls = getattr(hapi_core, name)
+        if isinstance(cls, type) and issubclass(cls, hapi_core.HapiCoreError):
+            if cls is not hapi_core.HapiCoreError:
                 assert f"`{cls.code}`" in text and str(cls.status) in text, cls
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hapi_contract import DEFAULT_COMPRESSION, DEFAULT_OUTPUT_DTYPE
 
@@ -32,29 +32,34 @@ def _split(value: str) -> int | str:
         ) from None
 
 
+# Option field -> argparse dest of `hapi finetune`'s flag for it.
+_TRAIN_FLAGS = {
+    name: name
+    for name in ("batch_size", "epochs", "optimizer", "lr", "momentum", "weight_decay", "seed")
+}
+_EXTRACT_FLAGS = {
+    "split": "split",
+    "freeze_index": "freeze_index",
+    "image_size": "image_size",
+    "output_dtype": "dtype",
+    "compression": "compression",
+}
+
+
 def options_from_args(args: argparse.Namespace) -> tuple[TrainOptions, ExtractOptions]:
     """The shared option objects that ``hapi finetune``'s arguments describe (one or several
-    workers alike)."""
+    workers alike). A flag absent from ``args`` (a namespace a library caller built) or left at
+    None takes the option's own default."""
     from hapi_client.options import ExtractOptions, TrainOptions
 
-    train = TrainOptions(
-        batch_size=args.batch_size,
-        epochs=args.epochs,
-        optimizer=args.optimizer,
-        lr=args.lr,
-        momentum=args.momentum,
-        weight_decay=args.weight_decay,
-        seed=args.seed,
-    )
-    extract = ExtractOptions(
-        split=args.split,
-        freeze_index=args.freeze_index,
-        image_size=args.image_size,
-        output_dtype=args.dtype,
-        compression=args.compression,
-        cache_features=not args.no_cache,
-    )
-    return train, extract
+    def given(flags: dict[str, str]) -> dict[str, Any]:
+        values = {field: getattr(args, dest, None) for field, dest in flags.items()}
+        return {field: value for field, value in values.items() if value is not None}
+
+    extract = given(_EXTRACT_FLAGS)
+    if getattr(args, "no_cache", False):
+        extract["cache_features"] = False
+    return TrainOptions(**given(_TRAIN_FLAGS)), ExtractOptions(**extract)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hapi_client.robust.names import AGGREGATORS, ATTACKS
-from hapi_contract import DEFAULT_COMPRESSION, DEFAULT_OUTPUT_DTYPE
 
 from .choices import DEFAULT_AUTH_URL, DEFAULT_ENDPOINT
 from .tables import format_table
@@ -102,8 +101,12 @@ def _opt(args: argparse.Namespace, name: str, default: Any = None) -> Any:
 
 
 def config_from_args(args: argparse.Namespace) -> DistributedConfig:
-    """The :class:`DistributedConfig` that ``hapi finetune`` arguments describe."""
+    """The :class:`DistributedConfig` that ``hapi finetune`` arguments describe: the shared
+    fine-tuning flags through :func:`~hapi_cli.finetune_cmd.options_from_args`, the
+    multi-worker ones here. A flag absent from ``args`` takes its default."""
     from hapi_client.distributed import DistributedConfig, DistributedConfigError
+
+    from .finetune_cmd import options_from_args  # finetune_cmd imports this module
 
     workers = int(_opt(args, "workers", 1))
     attackers = int(_opt(args, "attackers", 0))
@@ -118,28 +121,18 @@ def config_from_args(args: argparse.Namespace) -> DistributedConfig:
         raise DistributedConfigError(
             f"--mode {mode} does not run with several workers; use hapi or baseline"
         )
+    train, extract = options_from_args(args)
     delay = float(_opt(args, "straggler_delay", 0.0))
     bandwidth, throttle = _opt(args, "bandwidth_mbit"), _opt(args, "throttle_mbit")
     return DistributedConfig(
         model=args.model,
         container=args.container,
+        train=train,
+        extract=extract,
         eval_container=_opt(args, "eval_container"),
         endpoint=_opt(args, "endpoint", os.environ.get("HAPI_ENDPOINT", DEFAULT_ENDPOINT)),
         via=_opt(args, "via", "hapi"),
-        freeze_index=_opt(args, "freeze_index"),
-        split=_opt(args, "split", "auto"),
         mode=mode,
-        batch_size=int(_opt(args, "batch_size", 64)),
-        epochs=int(_opt(args, "epochs", 1)),
-        optimizer=_opt(args, "optimizer", "sgd"),
-        lr=float(_opt(args, "lr", 0.01)),
-        momentum=float(_opt(args, "momentum", 0.9)),
-        weight_decay=float(_opt(args, "weight_decay", 0.0)),
-        seed=int(_opt(args, "seed", 0)),
-        output_dtype=_opt(args, "dtype", DEFAULT_OUTPUT_DTYPE.value),
-        compression=_opt(args, "compression", DEFAULT_COMPRESSION.value),
-        cache_features=not _opt(args, "no_cache", False),
-        image_size=_opt(args, "image_size"),
         device=_device(_opt(args, "device", "auto")),
         bandwidth_bytes_per_s=bandwidth * 1e6 / 8 if bandwidth else None,
         throttle_bytes_per_s=throttle * 1e6 / 8 if throttle else None,

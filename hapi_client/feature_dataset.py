@@ -20,7 +20,6 @@ local verification of the pushdown.
 from __future__ import annotations
 
 import logging
-import math
 import weakref
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -42,7 +41,7 @@ from hapi_contract import (
 from .errors import ConfigurationError
 from .feature_cache import FeatureCache
 from .model_store import StoredModel
-from .options import ExtractOptions, TrainOptions
+from .options import ExtractOptions, TrainOptions, prefetch_depth
 from .pipeline import EpochCounters, ShardLoader, iterate_batches, plan_epoch, rank_share
 from .planning import PipelineCosts, SplitChoice, SplitDecision, plan_split
 from .preparation import PreparedModel, cos_batch_cap, prepare_model
@@ -199,9 +198,7 @@ class FeatureDataset(IterableDataset[Batch]):
         )
         self.b_max = cos_batch_cap(self.prepared.manifest, b_max)
         self.cache = FeatureCache() if cache_features and mode == "hapi" else None
-        self.prefetch = prefetch or max(
-            2, math.ceil(batch_size / self.prepared.manifest.shard_size) + 1
-        )
+        self.prefetch = prefetch_depth(prefetch, batch_size, self.prepared.manifest.shard_size)
         self.verifier = (
             PushdownVerifier(
                 client.swift,

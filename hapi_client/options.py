@@ -28,7 +28,7 @@ from hapi_contract import DEFAULT_COMPRESSION, DEFAULT_OUTPUT_DTYPE, Compression
 from .errors import ConfigurationError
 from .planning.decision import SPLIT_RULES, SplitChoice
 
-__all__ = ["ExtractOptions", "TrainOptions"]
+__all__ = ["ExtractOptions", "TrainOptions", "prefetch_depth"]
 
 
 def _positive_int(name: str, value: object, *, optional: bool = False, minimum: int = 1) -> None:
@@ -107,7 +107,8 @@ class ExtractOptions:
     (None: the model's). ``output_dtype``, ``compression``: the features on the wire (strings
     are accepted and stored as the enums). ``b_max``: the largest COS batch the server may use
     (None: one shard, at most 1000). ``cache_features``: keep the frozen split's features for
-    later epochs. ``prefetch``: shards loaded ahead (None: enough for one batch, at least 2).
+    later epochs. ``prefetch``: shards loaded ahead (None: :func:`prefetch_depth`'s rule, enough
+    for one batch and at least 2; a multi-worker run applies it to each worker's share).
     """
 
     split: SplitChoice = "auto"
@@ -142,3 +143,9 @@ class ExtractOptions:
     def replace(self, **changes: Any) -> ExtractOptions:
         """A copy with ``changes`` (checked again)."""
         return dataclasses.replace(self, **changes)
+
+
+def prefetch_depth(prefetch: int | None, batch_size: int, shard_size: int) -> int:
+    """Shards to load ahead: ``prefetch`` when given, else enough to fill one batch of
+    ``batch_size`` samples from shards of ``shard_size`` plus the next shard, at least 2."""
+    return prefetch or max(2, math.ceil(batch_size / shard_size) + 1)

@@ -6,11 +6,13 @@ gradients within a deadline, combines them with a :mod:`hapi_client.robust` rule
 result back; every worker applies it with the same optimizer, so the replicas stay identical.
 LB-BSP can move samples from slow to fast workers between rounds::
 
+    from hapi_client import TrainOptions
     from hapi_client.distributed import DistributedConfig, launch
 
     config = DistributedConfig(model="models/efficientnet_lite0", container="fmnist-train",
                                eval_container="fmnist-test", aggregator="bulyan", f=1,
-                               attack="reverse", attackers=(6,), batch_size=70, epochs=5)
+                               attack="reverse", attackers=(6,),
+                               train=TrainOptions(batch_size=70, epochs=5))
     result = launch(7, config)                     # runs torchrun, returns rank 0's result
     print(result.history[-1].eval_accuracy)
 

@@ -20,7 +20,7 @@ def forger_for(config: DistributedConfig, rank: int) -> Forger | None:
     if config.attack is None or rank not in config.attackers:
         return None
     attack = get_attack(
-        config.attack, n_byzantine=1, seed=config.seed * 7919 + rank, **config.attack_params
+        config.attack, n_byzantine=1, seed=config.train.seed * 7919 + rank, **config.attack_params
     )
     return Forger(attack)
 

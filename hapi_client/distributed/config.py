@@ -3,6 +3,11 @@
 The launcher writes it to a file that each torchrun worker reads, so every rank runs with
 exactly the same settings; credentials never go into it (they travel in ``ST_AUTH``,
 ``ST_USER``, ``ST_KEY``).
+
+The fine-tuning settings are the library's own option objects, :class:`~hapi_client.TrainOptions`
+and :class:`~hapi_client.ExtractOptions` (each checks itself when built); this module adds only
+what several workers need: the world's rules (aggregator, ``f``, ``q``, attack), the side
+channel, the device and backend, and the simulated heterogeneity.
 """
 
 from __future__ import annotations
@@ -12,21 +17,26 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import hapi_models
-
-from hapi_contract import DEFAULT_COMPRESSION, DEFAULT_OUTPUT_DTYPE
+from typing import Any, Literal, get_args
 
 from ..client import DEFAULT_ENDPOINT
+from ..errors import ConfigurationError
+from ..options import ExtractOptions, TrainOptions, prefetch_depth
 from ..robust import RobustAggregationError, get_aggregator, get_attack
 from .errors import DistributedConfigError
 
 __all__ = ["DistributedConfig"]
 
-_MODES = ("hapi", "baseline")
+Mode = Literal["hapi", "baseline"]
+Via = Literal["hapi", "swift"]
+_MODES: tuple[str, ...] = get_args(Mode)
+_VIAS: tuple[str, ...] = get_args(Via)
 _DEVICES = ("auto", "cpu", "cuda")
 _BACKENDS = ("auto", "gloo", "nccl")
+_OPTIONS: dict[str, type[TrainOptions] | type[ExtractOptions]] = {
+    "train": TrainOptions,
+    "extract": ExtractOptions,
+}
 
 
 @dataclass(frozen=True)
@@ -34,8 +44,11 @@ class DistributedConfig:
     """Everything a multi-worker fine-tuning run needs, except the world size and credentials.
 
     Data and model (as :func:`hapi_client.run_finetune`): ``model`` is a descriptor such as
-    ``models/efficientnet_lite0``; ``batch_size`` is the *global* batch of one round, split over
-    the workers (evenly, or by LB-BSP when ``balance``); ``mode`` is ``hapi`` or ``baseline``.
+    ``models/efficientnet_lite0``; ``mode`` is ``hapi`` or ``baseline``; ``train`` and
+    ``extract`` are the shared option objects, where ``train.batch_size`` is the *global* batch
+    of one round, split over the workers (evenly, or by LB-BSP when ``balance``), and
+    ``extract.prefetch`` is each worker's read-ahead in shards (None: enough for the worker's
+    even share of one batch, at least 2; see :meth:`prefetch_depth`).
 
     Robustness: ``aggregator`` (a :func:`hapi_client.robust.get_aggregator` name) is built for
     ``n = q`` inputs (``q`` defaults to the number of workers) and ``f`` declared Byzantine
@@ -49,25 +62,13 @@ class DistributedConfig:
 
     model: str
     container: str
+    train: TrainOptions = field(default_factory=TrainOptions)
+    extract: ExtractOptions = field(default_factory=ExtractOptions)
     endpoint: str = DEFAULT_ENDPOINT
-    via: str = "hapi"
+    via: Via = "hapi"
     eval_container: str | None = None
     num_classes: int | None = None
-    freeze_index: int | None = None
-    split: int | str = "auto"
-    mode: str = "hapi"
-    batch_size: int = 64
-    epochs: int = 1
-    optimizer: str = "sgd"
-    lr: float = 0.01
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    seed: int = 0
-    output_dtype: str = DEFAULT_OUTPUT_DTYPE.value
-    compression: str = DEFAULT_COMPRESSION.value
-    b_max: int | None = None
-    cache_features: bool = True
-    image_size: int | None = None
+    mode: Mode = "hapi"
     bandwidth_bytes_per_s: float | None = None
     throttle_bytes_per_s: float | None = None
     device: str = "auto"
@@ -86,7 +87,6 @@ class DistributedConfig:
     straggler_delay_s: float = 0.0
     checksum_every: int = 50
     max_rounds_per_epoch: int | None = None
-    prefetch: int = 2
     channel_host: str | None = None
     channel_timeout_s: float = 600.0
     results_path: str | None = None
@@ -101,25 +101,27 @@ class DistributedConfig:
 
     def _static_problems(self) -> list[str]:
         out = []
+        for name, kind in _OPTIONS.items():
+            if not isinstance(getattr(self, name), kind):
+                out.append(
+                    f"{name} must be a hapi_client.{kind.__name__}, got {getattr(self, name)!r}"
+                )
         if "/" not in self.model:
             out.append(f"model must look like 'models/efficientnet_lite0', got {self.model!r}")
         if self.mode not in _MODES:
             out.append(
                 f"mode must be one of {', '.join(_MODES)} for multi-worker runs, got {self.mode!r}"
             )
+        if self.via not in _VIAS:
+            out.append(f"via must be one of {', '.join(_VIAS)}, got {self.via!r}")
         if self.device not in _DEVICES and not self.device.startswith("cuda:"):
             out.append(
                 f"device must be one of {', '.join(_DEVICES)} or cuda:N, got {self.device!r}"
             )
         if self.backend not in _BACKENDS:
             out.append(f"backend must be one of {', '.join(_BACKENDS)}, got {self.backend!r}")
-        if not isinstance(self.split, int) and self.split not in ("auto", "thesis", "freeze"):
-            out.append(
-                f"split must be 'auto', 'thesis', 'freeze' or a layer index, got {self.split!r}"
-            )
-        for name in ("batch_size", "epochs", "checksum_every", "prefetch"):
-            if getattr(self, name) < 1:
-                out.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.checksum_every < 1:
+            out.append(f"checksum_every must be >= 1, got {self.checksum_every}")
         if self.threads is not None and self.threads < 1:
             out.append(f"threads must be >= 1, got {self.threads}")
         if self.f < 0:
@@ -142,10 +144,6 @@ class DistributedConfig:
             out.append("attackers are given but no attack: set attack (e.g. 'reverse')")
         if len(set(self.attackers)) != len(self.attackers):
             out.append(f"attackers has duplicate ranks: {list(self.attackers)}")
-        try:
-            self.optimizer_config()
-        except ValueError as exc:
-            out.append(str(exc))
         if self.attack is not None:
             try:
                 get_attack(self.attack, n_byzantine=1, **self.attack_params)
@@ -170,9 +168,10 @@ class DistributedConfig:
             out.append(f"attacker ranks {bad} are not in [0, {world_size - 1}]")
         if self.straggler_rank is not None and not 0 <= self.straggler_rank < world_size:
             out.append(f"straggler_rank {self.straggler_rank} is not in [0, {world_size - 1}]")
-        if self.batch_size < world_size:
+        if self.train.batch_size < world_size:
             out.append(
-                f"batch_size={self.batch_size} cannot give each of {world_size} workers a sample"
+                f"batch_size={self.train.batch_size} cannot give each of {world_size} workers "
+                "a sample"
             )
         if not out:
             try:
@@ -188,10 +187,11 @@ class DistributedConfig:
             self.aggregator, n=self.workers_q(world_size), f=self.f, **self.aggregator_params
         )
 
-    def optimizer_config(self) -> hapi_models.OptimizerConfig:
-        return hapi_models.OptimizerConfig(
-            self.optimizer, self.lr, self.momentum, self.weight_decay
-        )
+    def prefetch_depth(self, world_size: int, shard_size: int) -> int:
+        """Shards each worker loads ahead: ``extract.prefetch``, else the library's rule
+        (:func:`~hapi_client.options.prefetch_depth`) for one worker's even share of a batch."""
+        share = math.ceil(self.train.batch_size / world_size)
+        return prefetch_depth(self.extract.prefetch, share, shard_size)
 
     def replace(self, **changes: Any) -> DistributedConfig:
         """A copy with ``changes`` applied (validated again)."""
@@ -215,8 +215,11 @@ class DistributedConfig:
         if unknown:
             raise DistributedConfigError(f"unknown multi-worker settings: {', '.join(unknown)}")
         try:
+            for name, kind in _OPTIONS.items():
+                if isinstance(data.get(name), dict):
+                    data[name] = kind(**data[name])
             return cls(**data)
-        except TypeError as exc:
+        except (TypeError, ConfigurationError) as exc:
             raise DistributedConfigError(f"bad multi-worker config: {exc}") from exc
 
     @classmethod

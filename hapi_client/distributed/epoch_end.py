@@ -109,11 +109,13 @@ class Evaluator:
         rounds: Rounds,
         loader: ShardLoader,
         pool: ThreadPoolExecutor,
+        prefetch: int,
     ) -> None:
         self.config = config
         self.rounds = rounds
         self.loader = loader
         self.pool = pool
+        self.prefetch = prefetch
 
     def accuracy(self) -> float | None:
         replica = self.rounds.replica
@@ -128,9 +130,9 @@ class Evaluator:
             plan,
             [s.samples for s in shards],
             self.loader,
-            cfg.batch_size,
+            cfg.train.batch_size,
             self.pool,
-            cfg.prefetch,
+            self.prefetch,
             EpochCounters(),
             permute=False,
         )

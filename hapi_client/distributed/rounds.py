@@ -55,7 +55,7 @@ class Rounds:
         self.replica = replica
         self.store = store
         self.rule = rule
-        self.balancer = BatchBalancer(config.batch_size, world) if config.balance else None
+        self.balancer = BatchBalancer(config.train.batch_size, world) if config.balance else None
         self.forger = forger
         self.straggler = config.straggler_rank == rank and config.straggler_delay_s > 0
         self.aggregator = aggregator
@@ -194,9 +194,9 @@ class Rounds:
                     f"worker {self.rank}'s parameters differ from the aggregator's after round "
                     f"{update.round_index} (checksum {mine_sum:#x} != {update.checksum:#x})"
                 )
-        if len(update.next_sizes) != self.world or sum(update.next_sizes) != cfg.batch_size:
+        if len(update.next_sizes) != self.world or sum(update.next_sizes) != cfg.train.batch_size:
             raise ChannelError(
                 f"the aggregator sent batch sizes {list(update.next_sizes)} for "
-                f"{self.world} workers and a global batch of {cfg.batch_size}"
+                f"{self.world} workers and a global batch of {cfg.train.batch_size}"
             )
         self.assignment = tuple(update.next_sizes)

@@ -152,26 +152,25 @@ def setup_replica(
         cfg.model,
         cfg.container,
         num_classes=cfg.num_classes,
-        freeze_index=cfg.freeze_index,
-        image_size=cfg.image_size,
-        seed=cfg.seed,
+        freeze_index=cfg.extract.freeze_index,
+        image_size=cfg.extract.image_size,
+        seed=cfg.train.seed,
     )
     eval_manifest = None
     if rank == 0 and cfg.eval_container:
         eval_manifest = client.manifest(cfg.eval_container)
     freeze = prepared.freeze_index
-    dtype = OutputDtype(cfg.output_dtype)
     split = 0
     if cfg.mode != "baseline":
         plan = plan_split(
             client,
             prepared,
             cfg.container,
-            cfg.split,
-            batch_size=cfg.batch_size,
-            output_dtype=dtype,
-            compression=Compression(cfg.compression),
-            b_max=cos_batch_cap(prepared.manifest, cfg.b_max),
+            cfg.extract.split,
+            batch_size=cfg.train.batch_size,
+            output_dtype=cfg.extract.output_dtype,
+            compression=cfg.extract.compression,
+            b_max=cos_batch_cap(prepared.manifest, cfg.extract.b_max),
             device=device,
             rank=rank,
             collective=True,
@@ -187,15 +186,15 @@ def setup_replica(
     for t in [*params, *buffers]:
         collectives.broadcast(t.data)
     # Dropout differs per worker on purpose; the model itself stays identical.
-    torch.manual_seed(cfg.seed * 1000 + rank)
+    torch.manual_seed(cfg.train.seed * 1000 + rank)
     return Replica(
         stored=prepared.stored,
         manifest=prepared.manifest,
         eval_manifest=eval_manifest,
         transform=prepared.transform,
         profile_spec=prepared.profile_spec,
-        dtype=dtype,
-        compression=Compression(cfg.compression),
+        dtype=cfg.extract.output_dtype,
+        compression=cfg.extract.compression,
         split=split,
         freeze=freeze,
         net=net,
@@ -203,5 +202,5 @@ def setup_replica(
         trainable=trainable,
         params=params,
         buffers=buffers,
-        optimizer=cfg.optimizer_config().build(params),
+        optimizer=cfg.train.optimizer_config().build(params),
     )

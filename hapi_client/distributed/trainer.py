@@ -90,7 +90,7 @@ def distributed_finetune(
     Returns the :class:`DistributedResult` on rank 0 (also written to ``config.results_path``)
     and None on the other ranks. Credentials default to ``ST_AUTH``/``ST_USER``/``ST_KEY``.
     ``feature_cache`` lets several runs in one process share extracted features (see
-    :func:`run_sequence`); by default each run has its own when ``config.cache_features``.
+    :func:`run_sequence`); by default each run has its own when ``config.extract.cache_features``.
     """
     device = resolve_device(config)
     owns_group = not dist.is_initialized()
@@ -101,9 +101,10 @@ def distributed_finetune(
         )
     try:
         config.check_world(dist.get_world_size())
-        if feature_cache is None and config.cache_features:
+        caching = config.extract.cache_features
+        if feature_cache is None and caching:
             feature_cache = FeatureCache()
-        cache = feature_cache if config.cache_features else None
+        cache = feature_cache if caching else None
         return _Run(config, credentials_or_env(credentials), device, cache).run()
     finally:
         if owns_group:
@@ -172,7 +173,7 @@ class _Run:
         with HapiClient(
             cfg.endpoint,
             self.credentials,
-            via=cfg.via,  # type: ignore[arg-type]
+            via=cfg.via,
             bandwidth_bytes_per_s=cfg.bandwidth_bytes_per_s,
             throttle_bytes_per_s=cfg.throttle_bytes_per_s,
         ) as client:
@@ -232,7 +233,7 @@ class _Run:
         channel: WorkerChannel | None,
     ) -> Rounds:
         cfg = self.config
-        b_max = cos_batch_cap(replica.manifest, cfg.b_max)
+        b_max = cos_batch_cap(replica.manifest, cfg.extract.b_max)
 
         def loader_for(manifest: DatasetManifest, container: str) -> ShardLoader:
             return make_shard_loader(
@@ -253,8 +254,9 @@ class _Run:
         loader = loader_for(replica.manifest, cfg.container)
         sizes = [s.samples for s in replica.manifest.shards]
         owners = assign_shards(sizes, self.world)
-        with ThreadPoolExecutor(max_workers=cfg.prefetch, thread_name_prefix="hapi-dist") as pool:
-            store = ShardStore(loader, sizes, pool, capacity=2 * cfg.prefetch + 8)
+        depth = cfg.prefetch_depth(self.world, replica.manifest.shard_size)
+        with ThreadPoolExecutor(max_workers=depth, thread_name_prefix="hapi-dist") as pool:
+            store = ShardStore(loader, sizes, pool, capacity=2 * depth + 8)
             rounds = Rounds(
                 cfg,
                 self.rank,
@@ -266,14 +268,14 @@ class _Run:
                 forger=forger_for(cfg, self.rank),
                 aggregator=aggregator,
                 channel=channel,
-                initial_assignment=tuple(even_split(cfg.batch_size, self.world)),
+                initial_assignment=tuple(even_split(cfg.train.batch_size, self.world)),
             )
             evaluator = None
             if replica.eval_manifest is not None and cfg.eval_container:
                 eval_loader = loader_for(replica.eval_manifest, cfg.eval_container)
-                evaluator = Evaluator(cfg, rounds, eval_loader, pool)
-            for epoch in range(cfg.epochs):
-                self._epoch(epoch, sizes, owners, rounds, store, evaluator)
+                evaluator = Evaluator(cfg, rounds, eval_loader, pool, depth)
+            for epoch in range(cfg.train.epochs):
+                self._epoch(epoch, sizes, owners, rounds, store, evaluator, depth)
             store.clear()
         return rounds
 
@@ -285,19 +287,20 @@ class _Run:
         rounds: Rounds,
         store: ShardStore,
         evaluator: Evaluator | None,
+        depth: int,
     ) -> None:
         cfg = self.config
         start = time.perf_counter()
-        plan = plan_epoch(len(sizes), cfg.seed, epoch)
+        plan = plan_epoch(len(sizes), cfg.train.seed, epoch)
         schedule = EpochSchedule(plan, sizes, owners)
-        totals = round_totals(schedule.total, cfg.batch_size, self.world)
+        totals = round_totals(schedule.total, cfg.train.batch_size, self.world)
         if cfg.max_rounds_per_epoch is not None:
             totals = totals[: cfg.max_rounds_per_epoch]
         bytes_before, requests_before = store.wire_bytes, store.requests
         stats = EpochStats()
         bar = tqdm(
             total=len(totals),
-            desc=f"{self.world} workers, epoch {epoch + 1}/{cfg.epochs}",
+            desc=f"{self.world} workers, epoch {epoch + 1}/{cfg.train.epochs}",
             unit="round",
             disable=not (cfg.progress and self.rank == 0),
         )
@@ -312,10 +315,10 @@ class _Run:
             segments = schedule.take(round_sizes)
             mine = segments[self.rank]
             stats.assigned += sum(len(s) for s in mine)
-            store.prefetch(schedule.upcoming_shards(self.rank, cfg.prefetch))
+            store.prefetch(schedule.upcoming_shards(self.rank, depth))
             rounds.global_round += 1
             if self.rank == 0:
-                full = total == cfg.batch_size
+                full = total == cfg.train.batch_size
                 rounds.aggregate_round(epoch, schedule, mine, round_sizes, full, stats)
             else:
                 rounds.worker_round(epoch, schedule, mine, stats)

@@ -55,10 +55,7 @@ def test_request_dataset_recipe_and_loader_share_the_default() -> None:
 
 def test_multi_worker_config_and_cli_share_the_default() -> None:
     cfg = DistributedConfig(model="models/efficientnet_lite0", container="c")
-    assert (cfg.output_dtype, cfg.compression) == (
-        DEFAULT_OUTPUT_DTYPE.value,
-        DEFAULT_COMPRESSION.value,
-    )
+    assert cfg.extract == ExtractOptions()
     args = build_parser().parse_args(
         ["finetune", "--model", "models/efficientnet_lite0", "--container", "c"]
     )
@@ -67,7 +64,6 @@ def test_multi_worker_config_and_cli_share_the_default() -> None:
     bare = workers.config_from_args(
         argparse.Namespace(model="models/efficientnet_lite0", container="c")
     )
-    assert (bare.output_dtype, bare.compression) == (
-        DEFAULT_OUTPUT_DTYPE.value,
-        DEFAULT_COMPRESSION.value,
-    )
+    assert bare.extract == ExtractOptions()
+    assert bare.extract.output_dtype is DEFAULT_OUTPUT_DTYPE
+    assert bare.extract.compression is DEFAULT_COMPRESSION

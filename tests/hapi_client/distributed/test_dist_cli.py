@@ -40,7 +40,7 @@ def test_attackers_are_the_highest_ranks_and_the_straggler_the_last() -> None:
     assert config.aggregator == "bulyan" and config.f == 1
     assert config.attack == "reverse" and config.attackers == (5, 6)
     assert config.straggler_rank == 6 and config.straggler_delay_s == 0.05 and config.balance
-    assert config.device == "cpu" and config.threads == 1 and config.batch_size == 70
+    assert config.device == "cpu" and config.threads == 1 and config.train.batch_size == 70
     config.check_world(7)
 
 

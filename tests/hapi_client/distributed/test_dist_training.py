@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from hapi_client import ExtractOptions, TrainOptions
 from hapi_client.datasets import get_source, upload_dataset
 from hapi_client.distributed import DistributedConfig, DistributedResult, launch_many
 from tests.hapi_client.conftest import ClientEnv
@@ -67,24 +68,17 @@ def runs(
         container=TRAIN,
         eval_container=TEST,
         endpoint=server.url,
-        image_size=64,
-        split=21,
-        freeze_index=21,
-        batch_size=350,
-        epochs=30,
-        lr=0.003,
-        momentum=0.9,
+        train=TrainOptions(batch_size=350, epochs=30, lr=0.003, momentum=0.9, seed=0),
+        extract=ExtractOptions(split=21, freeze_index=21, image_size=64),
         aggregator="average",
         f=1,
-        seed=0,
         gather_timeout_s=300,
     )
     attacked = base.replace(attack="reverse", attackers=(6,))
     # The straggler runs reuse the cached features; no evaluation, a smaller batch for more rounds.
     slow = base.replace(
         eval_container=None,
-        batch_size=STRAGGLER_BATCH,
-        epochs=2,
+        train=base.train.replace(batch_size=STRAGGLER_BATCH, epochs=2),
         straggler_rank=STRAGGLER,
         straggler_delay_s=DELAY_S,
     )
@@ -93,11 +87,13 @@ def runs(
         "average": attacked,
         **{rule: attacked.replace(aggregator=rule) for rule in RULES},
         # The attacker sends nothing at all; the aggregator waits for the fastest q = 6 only.
-        "drop, q=6, median": attacked.replace(aggregator="median", attack="drop", q=6, epochs=5),
+        "drop, q=6, median": attacked.replace(
+            aggregator="median", attack="drop", q=6, train=attacked.train.replace(epochs=5)
+        ),
         "straggler, equal shares": slow,
         "straggler, LB-BSP": slow.replace(balance=True),
         # q = 6: the aggregator never waits for the straggler, which skips the rounds it missed.
-        "straggler, q=6": slow.replace(q=6, epochs=1),
+        "straggler, q=6": slow.replace(q=6, train=slow.train.replace(epochs=1)),
     }
     log = tmp_path_factory.mktemp("dist-runs") / "torchrun.log"
     results = launch_many(

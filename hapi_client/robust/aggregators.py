@@ -87,7 +87,7 @@ from .errors import (
     NonFiniteInputError,
     RequirementError,
 )
-from .names import AGGREGATORS
+from .names import AGGREGATORS, Registered
 
 __all__ = [
     "MDA",
@@ -115,25 +115,15 @@ def check_count(name: str, value: object, minimum: int) -> int:
     return value
 
 
-class Aggregator(abc.ABC):
+class Aggregator(Registered, abc.ABC):
     """Base of every aggregation rule: ``rule = Rule(n, f); out = rule(inputs)``.
 
-    Subclasses set :attr:`name`, :attr:`requirement` (human-readable) and :meth:`min_n`, and
-    implement :meth:`_aggregate` on the flattened ``[n, d]`` matrix.
+    Subclasses name themselves at the class statement (``class X(Aggregator, name="x")``, see
+    :class:`~.names.Registered`), set :attr:`requirement` (human-readable) and :meth:`min_n`,
+    and implement :meth:`_aggregate` on the flattened ``[n, d]`` matrix.
     """
 
-    name: ClassVar[str]
-    aliases: ClassVar[tuple[str, ...]] = ()
-
-    def __init_subclass__(
-        cls, *, name: str | None = None, aliases: tuple[str, ...] = (), **kwargs: object
-    ) -> None:
-        """``class X(Aggregator, name="x", aliases=(...))`` registers X (see :mod:`.names`)."""
-        super().__init_subclass__(**kwargs)
-        if name is not None:
-            cls.name, cls.aliases = name, aliases
-            AGGREGATORS.add(cls, name, aliases)
-
+    registry = AGGREGATORS
     requirement: ClassVar[str] = "n >= f + 1"
 
     def __init__(self, n: int, f: int = 0) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import abc
 import math
 from statistics import NormalDist
-from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -32,7 +31,7 @@ from torch import Tensor
 from ._tensors import Inputs, as_matrix
 from .aggregators import check_count
 from .errors import InputMismatchError, InvalidParameterError
-from .names import ATTACKS
+from .names import ATTACKS, Registered
 
 __all__ = [
     "ALittleIsEnough",
@@ -54,20 +53,10 @@ def _finite_float(name: str, value: object) -> float:
     return float(value)
 
 
-class Attack(abc.ABC):
+class Attack(Registered, abc.ABC):
     """Base of the attacks: ``Attack(n_byzantine, seed=...)(honest) -> list[Tensor | None]``."""
 
-    name: ClassVar[str]
-    aliases: ClassVar[tuple[str, ...]] = ()
-
-    def __init_subclass__(
-        cls, *, name: str | None = None, aliases: tuple[str, ...] = (), **kwargs: object
-    ) -> None:
-        """``class X(Attack, name="x", aliases=(...))`` registers X (see :mod:`.names`)."""
-        super().__init_subclass__(**kwargs)
-        if name is not None:
-            cls.name, cls.aliases = name, aliases
-            ATTACKS.add(cls, name, aliases)
+    registry = ATTACKS
 
     def __init__(self, n_byzantine: int = 1, *, seed: int | None = None) -> None:
         self.n_byzantine = check_count("n_byzantine", n_byzantine, 0)

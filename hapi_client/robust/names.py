@@ -6,8 +6,9 @@ A class is registered by naming itself where it is defined; nothing else lists i
     class Average(Aggregator, name="average", aliases=("mean",)): ...
 
 The bases (:class:`~.aggregators.Aggregator`, :class:`~.preaggregation.PreAggregator`,
-:class:`~.attacks.Attack`) hand those class keywords to :meth:`Kind.add` from their
-``__init_subclass__``, which fills the tables that :mod:`.registry` looks names up in.
+:class:`~.attacks.Attack`) derive from :class:`Registered` and say which :class:`Kind` they
+fill; its ``__init_subclass__`` hands the class keywords to :meth:`Kind.add`, which fills the
+tables that :mod:`.registry` looks names up in.
 
 ``hapi --help`` lists the names without importing torch, which every module that defines a rule
 does. So :meth:`Kind.names` reads the same class statements from this package's sources with
@@ -22,7 +23,7 @@ import ast
 import functools
 import importlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from .errors import UnknownNameError
 
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from .attacks import Attack
     from .preaggregation import PreAggregator
 
-__all__ = ["AGGREGATORS", "ATTACKS", "PREAGGREGATORS", "Kind", "normalise"]
+__all__ = ["AGGREGATORS", "ATTACKS", "PREAGGREGATORS", "Kind", "Registered", "normalise"]
 
 T = TypeVar("T")
 
@@ -87,6 +88,28 @@ class Kind(Generic[T]):
             raise UnknownNameError(
                 f"unknown {self.label} {name!r}; known: {', '.join(sorted(table))}"
             ) from None
+
+
+class Registered:
+    """Base of the named kinds: ``class X(Base, name="x", aliases=(...))`` registers X.
+
+    A base sets :attr:`registry` to its :class:`Kind` (``class Aggregator(Registered):
+    registry = AGGREGATORS``); a subclass statement with a ``name`` keyword adds the class to
+    it and sets :attr:`name` and :attr:`aliases`, and one without stays unregistered (an
+    intermediate base).
+    """
+
+    registry: ClassVar[Kind[Any]]
+    name: ClassVar[str]
+    aliases: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(
+        cls, *, name: str | None = None, aliases: tuple[str, ...] = (), **kwargs: object
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        if name is not None:
+            cls.name, cls.aliases = name, aliases
+            cls.registry.add(cls, name, aliases)
 
 
 AGGREGATORS: Kind[Aggregator] = Kind("aggregator", "Aggregator")

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import abc
 import math
-from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -39,29 +38,19 @@ from ._tensors import (
 )
 from .aggregators import Aggregator, check_count
 from .errors import InvalidParameterError, RequirementError
-from .names import PREAGGREGATORS
+from .names import PREAGGREGATORS, Registered
 
 __all__ = ["Bucketing", "Chain", "Clipping", "NearestNeighborMixing", "PreAggregator"]
 
 
-class PreAggregator(abc.ABC):
+class PreAggregator(Registered, abc.ABC):
     """Base of the pre-aggregation steps: ``[n, *shape] -> [n', *shape]``.
 
     Every step takes ``n`` and ``f`` so the registry can build any of them the same way; the
     ones that do not use ``f`` ignore it.
     """
 
-    name: ClassVar[str]
-    aliases: ClassVar[tuple[str, ...]] = ()
-
-    def __init_subclass__(
-        cls, *, name: str | None = None, aliases: tuple[str, ...] = (), **kwargs: object
-    ) -> None:
-        """``class X(PreAggregator, name="x", aliases=(...))`` registers X (see :mod:`.names`)."""
-        super().__init_subclass__(**kwargs)
-        if name is not None:
-            cls.name, cls.aliases = name, aliases
-            PREAGGREGATORS.add(cls, name, aliases)
+    registry = PREAGGREGATORS
 
     def __init__(self, n: int, f: int = 0) -> None:
         self.n = check_count("n", n, 1)

@@ -8,9 +8,9 @@ device is matched to its NVML device by UUID, which both report.
 
 from __future__ import annotations
 
+import _thread
 import ctypes
 import logging
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from .locks import os_lock
 from .settings import CoreSettings
 
 log = logging.getLogger(__name__)
@@ -202,7 +203,7 @@ class HostMemoryProbe:
     read_status: Callable[[], dict[str, int]] = _read_status
     reset_peak: Callable[[], None] = _reset_peak
     heap_in_use: Callable[[], int] | None = field(default_factory=_glibc_mallinfo2)
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _lock: _thread.LockType = field(default_factory=os_lock, init=False, repr=False)
     _admitted: int = field(default=0, init=False)
     _events: int = field(default=0, init=False)
     """Admissions and releases so far: a change during a batch voids its reading."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import threading
 from collections import deque
 from dataclasses import dataclass
 
@@ -20,6 +19,7 @@ import hapi_models
 import torch
 
 from .errors import InvalidRequestError
+from .locks import os_lock
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class MemoryEstimator:
         self._min_samples = min_samples
         self._floor = floor
         self._lowering = lowering_devices
-        self._lock = threading.Lock()
+        self._lock = os_lock()
 
     def profile(
         self, arch: str, num_classes: int, shape: tuple[int, int, int]

@@ -7,8 +7,10 @@ warm-up pass, later ones refine it (the fastest of all seen).
 
 from __future__ import annotations
 
-import threading
+import _thread
 from dataclasses import dataclass
+
+from .locks import os_lock
 
 __all__ = ["LayerTimes", "TimingKey"]
 
@@ -21,11 +23,11 @@ class LayerTimes:
     """Seconds per sample of each layer measured so far, per model and device."""
 
     _times: dict[TimingKey, list[float]]
-    _lock: threading.Lock
+    _lock: _thread.LockType
 
     @classmethod
     def empty(cls) -> LayerTimes:
-        return cls({}, threading.Lock())
+        return cls({}, os_lock())
 
     def get(self, key: TimingKey, layers: int) -> list[float] | None:
         with self._lock:

@@ -15,7 +15,14 @@ __all__ = ["register"]
 
 def _upload_model(args: argparse.Namespace) -> int:
     from hapi_client import upload_model
+    from hapi_client.model_store import PACKAGED_WEIGHTS, TORCHVISION_WEIGHTS
 
+    if args.weights not in (None, PACKAGED_WEIGHTS, TORCHVISION_WEIGHTS):
+        import hapi_models
+
+        # Before connecting: a file that cannot be a checkpoint (text, a device, too large...)
+        # is refused at once, reading only its first bytes.
+        hapi_models.check_checkpoint(args.weights)
     conn = connect(args)  # --arch is checked by the parser (choices), before connecting
     start = time.perf_counter()
     try:

@@ -6,8 +6,15 @@
 """
 
 from . import zoo as _zoo  # noqa: F401  (registers the architectures)
-from .checkpoints import import_weights, read_checkpoint, torchvision_weights
+from .checkpoints import (
+    check_checkpoint,
+    checkpoint_format,
+    import_weights,
+    read_checkpoint,
+    torchvision_weights,
+)
 from .errors import (
+    CheckpointError,
     ChecksumMismatchError,
     HapiModelError,
     PretrainedWeightsUnavailableError,
@@ -27,9 +34,18 @@ from .profiling import LayerProfile, ModelProfile, profile
 from .registry import ModelSpec, get_model, get_spec, list_models
 from .splittable import SplittableModel
 from .transforms import ImageDecodeError, InputTransform, decode_image
-from .weights import load_weights, save_weights, sha256_hex, weights_to_bytes
+from .weights import (
+    MAX_WEIGHTS_BYTES,
+    load_weights,
+    read_weights_file,
+    save_weights,
+    sha256_hex,
+    weights_to_bytes,
+)
 
 __all__ = [
+    "MAX_WEIGHTS_BYTES",
+    "CheckpointError",
     "ChecksumMismatchError",
     "EpochStats",
     "OptimizerConfig",
@@ -48,6 +64,8 @@ __all__ = [
     "SplittableModel",
     "UnknownModelError",
     "WeightsError",
+    "check_checkpoint",
+    "checkpoint_format",
     "decode_image",
     "get_model",
     "get_spec",
@@ -56,6 +74,7 @@ __all__ = [
     "load_weights",
     "profile",
     "read_checkpoint",
+    "read_weights_file",
     "save_weights",
     "sha256_hex",
     "torchvision_weights",

@@ -1,8 +1,10 @@
 """Pretrained weights from outside HAPI: a user's checkpoint file or torchvision's own weights.
 
-A checkpoint is read without ever running pickle code: ``.safetensors`` with safetensors, torch
-files (``.pth``/``.pt``/``.ckpt``/``.bin``) with ``torch.load(weights_only=True)``, torch's
-restricted loader that rebuilds tensors and plain containers and refuses any other object. The
+A checkpoint is read without ever running pickle code: safetensors with safetensors, torch files
+with ``torch.load(weights_only=True)``, torch's restricted loader that rebuilds tensors and plain
+containers and refuses any other object. The format is told by the first bytes, not the name;
+anything else (text, a device, a directory, a file over the weights size limit) is a
+:class:`~hapi_models.CheckpointError` naming the file and what was found, read within the limit. The
 keys may be those of the native network (``conv1.weight`` for a torchvision ResNet, timm's for
 EfficientNet-Lite0) or of the layer list (``layers.0.weight``), optionally nested under
 ``state_dict``/``model`` and prefixed by ``module.`` (DDP) or ``model.`` (Lightning). Every key
@@ -15,6 +17,7 @@ read from the checkpoint's classifier.
 
 from __future__ import annotations
 
+import io
 import logging
 import pickle  # only for its exception type: nothing is unpickled here
 import re
@@ -24,15 +27,21 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
-from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from torch import nn
 
-from .errors import PretrainedWeightsUnavailableError, WeightsError
+from .errors import CheckpointError, PretrainedWeightsUnavailableError, WeightsError
 from .registry import get_model, get_spec
 from .splittable import SplittableModel
+from .weights import MAX_WEIGHTS_BYTES, read_weights_file
 
-__all__ = ["import_weights", "read_checkpoint", "torchvision_weights"]
+__all__ = [
+    "check_checkpoint",
+    "checkpoint_format",
+    "import_weights",
+    "read_checkpoint",
+    "torchvision_weights",
+]
 
 log = logging.getLogger(__name__)
 
@@ -42,29 +51,44 @@ StateDict = dict[str, torch.Tensor]
 _NESTED = ("state_dict", "model_state_dict", "model", "module")
 #: Prefixes that wrappers add to every key: DDP/DataParallel, Lightning modules.
 _PREFIXES = ("module.", "model.")
+#: A safetensors file starts with a little-endian u64 header length, then a JSON object.
 _SAFETENSORS_HEADER = 8
+#: torch.save's zip archive (the default since torch 1.6) and its older pickle stream.
+_ZIP = b"PK\x03\x04"
+_PICKLE_PROTO = 0x80
+#: Bytes enough to tell the formats apart, and text shown of a file that is none of them.
+_SNIFF = 64
+_TEXT_SHOWN = 40
 _SHOWN = 5
 
 
-def read_checkpoint(path: str | Path) -> StateDict:
+def read_checkpoint(path: str | Path, *, max_bytes: int = MAX_WEIGHTS_BYTES) -> StateDict:
     """The tensors of a checkpoint file, read without unpickling code.
 
+    The format is told by the content, never by the file's name: a safetensors header, torch's
+    zip archive or its older pickle stream. At most ``max_bytes + 1`` bytes are read (see
+    :func:`~hapi_models.weights.read_weights_file`).
+
     Raises:
-        WeightsError: unreadable file, an object torch's restricted loader refuses (a pickled
-            class, a whole ``nn.Module``), or no tensors in it.
+        CheckpointError: missing, not a regular file, over ``max_bytes``, or neither PyTorch
+            nor safetensors (the message names the file and what was found).
+        WeightsError: an object torch's restricted loader refuses (a pickled class, a whole
+            ``nn.Module``), or no tensors in it.
     """
     path = Path(path)
-    try:
-        blob = path.read_bytes()
-    except OSError as exc:
-        raise WeightsError(f"cannot read checkpoint {path}: {exc}") from exc
-    if _looks_like_safetensors(blob):
+    blob = read_weights_file(path, max_bytes=max_bytes)
+    kind = checkpoint_format(path, blob[:_SNIFF], len(blob))
+    if kind == "safetensors":
         try:
             return dict(st_load(blob))
-        except (SafetensorError, ValueError) as exc:
-            raise WeightsError(f"{path}: not a valid safetensors file: {exc}") from exc
+        except Exception as exc:  # SafetensorError, ValueError, ...: any malformed content
+            raise CheckpointError(
+                f"{path}: not a PyTorch or safetensors checkpoint: a safetensors header that "
+                f"safetensors refuses ({exc})"
+            ) from exc
     try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True)
+        # From the bytes, never the path: torch.load picks safetensors by a path's suffix.
+        loaded = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         raise WeightsError(
             f"{path}: holds Python objects other than tensors (a pickled nn.Module or class?), "
@@ -72,20 +96,66 @@ def read_checkpoint(path: str | Path) -> StateDict:
             "unpickles. Save the state dict instead: torch.save(model.state_dict(), path), or "
             "safetensors"
         ) from exc
-    except (RuntimeError, EOFError, ValueError, OSError) as exc:  # not a torch file at all
-        raise WeightsError(f"{path}: neither safetensors nor a torch checkpoint: {exc}") from exc
+    except Exception as exc:  # a damaged archive or pickle stream fails in many ways
+        raise CheckpointError(
+            f"{path}: not a PyTorch or safetensors checkpoint: {kind} that torch cannot read "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
     return _tensors_of(loaded, path)
 
 
-def _looks_like_safetensors(blob: bytes) -> bool:
-    # The format starts with a little-endian u64 header length, then a JSON object.
-    if len(blob) < _SAFETENSORS_HEADER + 2:
-        return False
-    size = int.from_bytes(blob[:_SAFETENSORS_HEADER], "little")
-    return (
-        0 < size <= len(blob) - _SAFETENSORS_HEADER
-        and blob[_SAFETENSORS_HEADER : _SAFETENSORS_HEADER + 1] == b"{"
-    )
+def checkpoint_format(path: str | Path, head: bytes, size: int) -> str:
+    """What a checkpoint's first bytes ``head`` (of ``size`` in all) say it is.
+
+    Returns ``"safetensors"``, ``"a torch zip archive"`` or ``"a torch pickle stream"``.
+
+    Raises:
+        CheckpointError: none of these, naming the file and what was found.
+    """
+    if head.startswith(_ZIP):
+        return "a torch zip archive"
+    if len(head) >= 2 and head[0] == _PICKLE_PROTO and 2 <= head[1] <= 5:
+        return "a torch pickle stream"
+    if head[_SAFETENSORS_HEADER : _SAFETENSORS_HEADER + 1] == b"{":
+        declared = int.from_bytes(head[:_SAFETENSORS_HEADER], "little")
+        available = size - _SAFETENSORS_HEADER
+        if 0 < declared <= available:
+            return "safetensors"
+        raise CheckpointError(
+            f"{path}: not a PyTorch or safetensors checkpoint: a safetensors header declaring "
+            f"{declared} bytes of JSON, but only {available} bytes follow its length"
+        )
+    raise CheckpointError(f"{path}: not a PyTorch or safetensors checkpoint: found {_found(head)}")
+
+
+def check_checkpoint(path: str | Path, *, max_bytes: int = MAX_WEIGHTS_BYTES) -> str:
+    """Refuse a file that cannot be a checkpoint, reading only its first bytes.
+
+    The cheap part of :func:`read_checkpoint` (file type, size, format), for a command to fail
+    before it connects anywhere. Returns the format, as :func:`checkpoint_format`.
+
+    Raises:
+        CheckpointError: as :func:`read_checkpoint`.
+    """
+    path = Path(path)
+    head = read_weights_file(path, max_bytes=max_bytes, first=_SNIFF)
+    return checkpoint_format(path, head, path.stat().st_size)
+
+
+def _found(head: bytes) -> str:
+    if not head:
+        return "an empty file"
+    text = ""
+    for cut in range(4):  # the head may end inside a multi-byte character
+        try:
+            text = head[: len(head) - cut].decode("utf-8")
+            break
+        except UnicodeDecodeError:
+            continue
+    if text and all(c.isprintable() or c in "\t\r\n" for c in text):
+        shown = text if len(text) <= _TEXT_SHOWN else text[:_TEXT_SHOWN] + "..."
+        return f"text {shown!r}"
+    return f"binary data starting {head[:_SAFETENSORS_HEADER].hex(' ')}"
 
 
 def _tensors_of(loaded: object, path: Path) -> StateDict:

@@ -27,6 +27,12 @@ class WeightsError(HapiModelError):
     """Weights that cannot be loaded: wrong format, wrong keys or shapes."""
 
 
+class CheckpointError(WeightsError):
+    """A weights file HAPI will not read: missing, not a regular file (a directory, a device, a
+    FIFO), over the weights size limit, or neither a PyTorch nor a safetensors checkpoint. The
+    message names the file and what was found there."""
+
+
 class ChecksumMismatchError(WeightsError):
     """The sha256 of a weights blob differs from the expected one."""
 

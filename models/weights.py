@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import stat
 from pathlib import Path
 
 from safetensors import SafetensorError
@@ -11,9 +13,65 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import nn
 
-from .errors import ChecksumMismatchError, WeightsError
+from .errors import CheckpointError, ChecksumMismatchError, WeightsError
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+#: The largest weights file read from disk: the server's and the filter's default
+#: ``max_weights_bytes`` (2 GiB), so that a file read here could also be served.
+MAX_WEIGHTS_BYTES = 2 * 2**30
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def read_weights_file(
+    path: str | Path, *, max_bytes: int = MAX_WEIGHTS_BYTES, first: int | None = None
+) -> bytes:
+    """The bytes of a weights file, refused unless it is a regular file of at most ``max_bytes``.
+
+    At most ``max_bytes + 1`` bytes are read, whatever the file claims to be: a directory, a
+    device (``/dev/zero``), a FIFO or a socket is refused before anything is read (a FIFO is
+    opened without blocking), and a file that grows past the limit while it is read is refused.
+    ``first``: read only that many bytes from the start (the file's type and size still checked).
+
+    Raises:
+        CheckpointError: missing or unreadable, not a regular file, or over ``max_bytes``.
+    """
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {exc.strerror or exc}") from exc
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        kind = next((name for test, name in _KINDS if test(info.st_mode)), "not a file")
+        raise CheckpointError(
+            f"{path}: not a PyTorch or safetensors checkpoint: found {kind}, not a regular file"
+        )
+    with os.fdopen(fd, "rb") as f:
+        if info.st_size > max_bytes:
+            raise CheckpointError(_too_large(path, info.st_size, max_bytes))
+        try:
+            blob = f.read(max_bytes + 1 if first is None else min(first, max_bytes + 1))
+        except OSError as exc:
+            raise CheckpointError(f"cannot read checkpoint {path}: {exc.strerror or exc}") from exc
+    if len(blob) > max_bytes:  # grew while being read
+        raise CheckpointError(_too_large(path, len(blob), max_bytes, grew=True))
+    return blob
+
+
+def _too_large(path: Path, size: int, max_bytes: int, *, grew: bool = False) -> str:
+    return (
+        f"{path}: {'more than ' if grew else ''}{size} bytes, over the limit of {max_bytes} bytes "
+        "for weights (the server's max_weights_bytes)"
+    )
 
 
 def sha256_hex(data: bytes) -> str:
@@ -47,10 +105,7 @@ def load_weights(model: nn.Module, source: str | Path | bytes, *, sha256: str | 
             raise WeightsError(
                 f"{path}: only .safetensors weights are accepted (pickle formats are not)"
             )
-        try:
-            blob = path.read_bytes()
-        except OSError as exc:
-            raise WeightsError(f"cannot read weights file {path}: {exc}") from exc
+        blob = read_weights_file(path)
     digest = sha256_hex(blob)
     if sha256 is not None:
         expected = sha256.lower()

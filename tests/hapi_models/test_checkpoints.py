@@ -157,3 +157,84 @@ def test_torchvision_weights_offline_error_names_the_file(
         hm.torchvision_weights("resnet18", progress=False)
     with pytest.raises(hm.PretrainedWeightsUnavailableError, match="not a torchvision model"):
         hm.torchvision_weights("efficientnet_lite0")
+
+
+# Files that are no checkpoint: each a CheckpointError naming the file and what was found, read
+# within the weights size limit, never an error of torch's or safetensors' own.
+
+
+def _refused(path: Path, match: str, **kwargs: int) -> str:
+    for read in (hm.read_checkpoint, hm.check_checkpoint):
+        with pytest.raises(hm.CheckpointError, match=match) as err:
+            read(path, **kwargs)
+        assert str(path) in str(err.value)
+    return str(err.value)
+
+
+def test_a_text_file_named_pth_is_not_a_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "notes.pth"
+    path.write_text("hello, these are my notes\n")
+    message = _refused(path, "not a PyTorch or safetensors checkpoint: found text 'hello, these")
+    assert "IndexError" not in message
+    (tmp_path / "empty.pt").write_bytes(b"")
+    _refused(tmp_path / "empty.pt", "found an empty file")
+    (tmp_path / "noise.bin").write_bytes(bytes(range(200, 256)) * 3)
+    _refused(tmp_path / "noise.bin", "found binary data starting c8 c9 ca")
+
+
+def test_a_fake_safetensors_file_is_not_a_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "fake.safetensors"
+    path.write_text("this is not safetensors at all")
+    _refused(path, "not a PyTorch or safetensors checkpoint: found text 'this is not")
+    # A header whose JSON safetensors refuses.
+    path.write_bytes((7).to_bytes(8, "little") + b"{oops!}")
+    with pytest.raises(hm.CheckpointError, match="a safetensors header that safetensors refuses"):
+        hm.read_checkpoint(path)
+
+
+def test_a_safetensors_header_declaring_2_gib_is_refused_unread(tmp_path: Path) -> None:
+    path = tmp_path / "huge-header.safetensors"
+    path.write_bytes((2 * 2**30).to_bytes(8, "little") + b'{"a": 1}')
+    _refused(path, r"a safetensors header declaring 2147483648 bytes of JSON, but only 8 bytes")
+
+
+def test_a_damaged_torch_file_is_not_a_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "cut.pth"
+    torch.save({"fc.weight": torch.zeros(4, 4)}, path)
+    path.write_bytes(path.read_bytes()[:100])  # a zip archive cut short
+    with pytest.raises(hm.CheckpointError, match="a torch zip archive that torch cannot read"):
+        hm.read_checkpoint(path)
+    path.write_bytes(b"\x80\x02" + b"\x00" * 20)  # a pickle stream of garbage
+    with pytest.raises(hm.WeightsError, match=str(path)):
+        hm.read_checkpoint(path)
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero")
+def test_dev_zero_a_fifo_and_a_directory_are_refused_before_reading(tmp_path: Path) -> None:
+    _refused(Path("/dev/zero"), "found a character device, not a regular file")
+    fifo = tmp_path / "pipe.pth"
+    os.mkfifo(fifo)  # no writer: opening it blocking would hang
+    _refused(fifo, "found a FIFO, not a regular file")
+    _refused(tmp_path, "found a directory, not a regular file")
+    _refused(tmp_path / "missing.pth", "cannot read checkpoint .*: No such file")
+
+
+def test_reads_are_bounded_by_the_weights_size_limit(tmp_path: Path) -> None:
+    path = tmp_path / "model.pth"
+    torch.save({"fc.weight": torch.zeros(64, 64)}, path)
+    size = path.stat().st_size
+    assert set(hm.read_checkpoint(path, max_bytes=size)) == {"fc.weight"}
+    _refused(path, rf"{size} bytes, over the limit of {size - 1} bytes", max_bytes=size - 1)
+    # HAPI's own safetensors loader reads paths through the same bounded reader.
+    st = tmp_path / "layer.safetensors"
+    hm.save_weights(nn.Linear(2, 2), st)
+    fifo = tmp_path / "pipe.safetensors"
+    os.mkfifo(fifo)
+    with pytest.raises(hm.CheckpointError, match="found a FIFO"):
+        hm.load_weights(nn.Linear(2, 2), fifo)
+
+
+def test_the_limit_is_the_servers_default_max_weights_bytes() -> None:
+    from hapi_core.settings import CoreSettings
+
+    assert hm.MAX_WEIGHTS_BYTES == CoreSettings().max_weights_bytes

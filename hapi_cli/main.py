@@ -11,7 +11,8 @@ none may import torch at its top (``tests/hapi_cli/test_cli_startup.py`` checks)
 the heavy packages they use; parsers take their choices and defaults from :mod:`hapi_cli.choices`.
 
 Exit codes: 0 success, 1 failure reported by the command or unexpected error, 2 usage or library
-error (one line on stderr; ``--debug`` shows the traceback instead), 130 interrupted.
+error (one line on stderr; ``--debug``, anywhere on the command line, shows the traceback
+instead), 130 interrupted. The parsers' shared machinery is :mod:`hapi_cli.parsers`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import logging
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+
+from .parsers import HapiArgumentParser, add_global_options
 
 __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 
@@ -49,16 +52,11 @@ def _command_modules() -> list[ModuleType]:
 
 def build_parser(modules: Sequence[ModuleType] | None = None) -> argparse.ArgumentParser:
     """The top-level parser with the subcommands of ``modules`` (default: all available)."""
-    parser = argparse.ArgumentParser(
+    parser = HapiArgumentParser(
         prog="hapi",
         description="HAPI: split transfer learning between OpenStack Swift and the compute tier.",
     )
-    parser.add_argument(
-        "--debug", action="store_true", help="debug logs, and tracebacks instead of one-line errors"
-    )
-    parser.add_argument(
-        "-v", "--verbose", action="store_true", help="log progress (INFO) to stderr"
-    )
+    add_global_options(parser, top=True)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in _command_modules() if modules is None else modules:
         module.register(subparsers)

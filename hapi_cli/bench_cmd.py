@@ -13,14 +13,17 @@ from hapi_bench.scenarios import ORDER, SCENARIOS
 
 from .link_options import add_link_options, shaping_of, shaping_reason
 
-__all__ = ["register"]
+__all__ = ["REPORT_NAME", "register"]
+
+#: The report's name in the results folder, where `hapi bench report` writes unless told.
+REPORT_NAME = "results.md"
 
 
 def _run(args: argparse.Namespace) -> int:
     from hapi_bench import run_scenarios, write_report
 
     if args.scenario == "report":
-        path = write_report(args.out, args.report_out)
+        path = write_report(args.out, args.output or args.out / REPORT_NAME)
         print(f"wrote {path}")
         return 0
     if args.scenario == "list":
@@ -43,8 +46,8 @@ def _run(args: argparse.Namespace) -> int:
         nice=args.nice,
     )
     if args.scenario == "all":
-        path = write_report(args.out, args.out / "results.md")
-        print(f"wrote {path} (`hapi bench report` writes docs/results.md)")
+        path = write_report(args.out, args.out / REPORT_NAME)
+        print(f"wrote {path} (`hapi bench report --output docs/results.md` publishes it)")
     print(
         f"hapi bench {args.scenario}: {'done' if code == 0 else 'some scenarios FAILED'} in "
         f"{time.perf_counter() - started:.0f} s"
@@ -59,7 +62,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="bandwidth-limited benchmarks that reproduce the thesis' evaluation",
         description="Run a benchmark scenario against the real stack (Swift + HAPI server on their own cores, "
         "the client's link shaped with tc in private network namespaces when root, else throttled), writing "
-        "JSON, CSV and PNG files; `report` turns the JSON into docs/results.md; `list` names the scenarios.",
+        "JSON, CSV and PNG files; `report` turns the JSON into OUT/results.md (or --output, e.g. "
+        "docs/results.md, the published copy); `list` names the scenarios.",
     )
     p.add_argument(
         "scenario",
@@ -81,9 +85,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add_link_options(p, "benchmark")
     p.add_argument(
+        "--output",
         "--report-out",
         type=Path,
-        default=Path("docs/results.md"),
-        help="where `report` writes (default: %(default)s)",
+        default=None,
+        metavar="FILE",
+        help=f"where `report` writes (default: {REPORT_NAME} in the results directory, --out; "
+        "`--output docs/results.md` updates the published copy)",
     )
     p.set_defaults(func=_run)

@@ -106,10 +106,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="held-out photos per class (default: %(default)s)",
     )
     p.add_argument(
-        "--batch-size", type=int, default=DEMO_DEFAULTS["batch_size"], help="default: %(default)s"
+        "--batch-size",
+        type=int,
+        default=DEMO_DEFAULTS["batch_size"],
+        help="training batch size of both runs (default: %(default)s)",
     )
     p.add_argument(
-        "--epochs", type=int, default=DEMO_DEFAULTS["epochs"], help="default: %(default)s"
+        "--epochs",
+        type=int,
+        default=DEMO_DEFAULTS["epochs"],
+        help="epochs of each run (default: %(default)s)",
     )
     p.add_argument(
         "--freeze-index",

@@ -3,14 +3,40 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from typing import TYPE_CHECKING
 
 from .choices import ARCHITECTURES
+from .parsers import RawDescriptionDefaultsHelpFormatter
 from .upload_cmd import add_upload_subcommand, connect
+
+if TYPE_CHECKING:
+    from swiftclient.client import Connection
 
 # hapi_client loads torch, so _upload_model imports it; hapi_models' errors count as user errors
 # by their package (see main).
 __all__ = ["register"]
+
+
+def _stored_sha256(conn: Connection, container: str, arch: str) -> str | None:
+    """The sha256 in the descriptor of a model stored before, or None where there is none."""
+    from swiftclient.exceptions import ClientException
+
+    from hapi_client.datasets import swift_errors
+
+    with swift_errors(conn, f"GET {container}/{arch}.json"):
+        try:
+            _, body = conn.get_object(container, f"{arch}.json")
+        except ClientException as exc:
+            if exc.http_status == 404:  # no such container or descriptor
+                return None
+            raise
+    try:
+        sha = json.loads(body).get("sha256")
+    except (ValueError, AttributeError):  # not a descriptor: it is replaced all the same
+        return "unreadable"
+    return str(sha) if sha else None
 
 
 def _upload_model(args: argparse.Namespace) -> int:
@@ -26,6 +52,7 @@ def _upload_model(args: argparse.Namespace) -> int:
     conn = connect(args)  # --arch is checked by the parser (choices), before connecting
     start = time.perf_counter()
     try:
+        previous = _stored_sha256(conn, args.container, args.arch)
         stored, uploaded = upload_model(
             conn,
             args.arch,
@@ -41,9 +68,13 @@ def _upload_model(args: argparse.Namespace) -> int:
     )
     print(f"  object  {stored.container}/{stored.object}")
     print(f"  sha256  {stored.sha256}")
-    print(
-        f"  {'uploaded' if uploaded else 'already stored, nothing sent'} in {time.perf_counter() - start:.1f} s"
-    )
+    seconds = f"in {time.perf_counter() - start:.1f} s"
+    if not uploaded:
+        print(f"  already stored, nothing sent {seconds}")
+    elif previous is not None and previous != stored.sha256:
+        print(f"  replaced the model stored before (its sha256 was {previous}) {seconds}")
+    else:
+        print(f"  uploaded {seconds}")
     return 0
 
 
@@ -59,7 +90,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "  hapi upload model --arch resnet18 --weights torchvision\n"
         "  hapi upload model --arch resnet18 --weights resnet18-f37072fd.pth\n"
         "  hapi upload model --arch alexnet --weights my-finetuned.safetensors",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=RawDescriptionDefaultsHelpFormatter,
     )
     parser.add_argument(
         "--arch",
@@ -76,12 +107,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "'torchvision' for torchvision's default pretrained weights (torch's hub cache, else a "
         "download), or 'imagenet' for the packaged weights (efficientnet_lite0)",
     )
-    parser.add_argument("--container", default="models", help="default: %(default)s")
+    parser.add_argument(
+        "--container",
+        default="models",
+        help="the Swift container of the weights and the descriptor (default: %(default)s)",
+    )
     parser.add_argument(
         "--num-classes",
         type=int,
         help="classes of a randomly initialised head (default 1000); with --weights, the "
         "checkpoint's own count is used",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of a random initialisation")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of a random initialisation (without --weights; default: %(default)s)",
+    )
     parser.set_defaults(func=_upload_model)

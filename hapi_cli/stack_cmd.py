@@ -18,6 +18,8 @@ from hapi_stack import (
     up,
 )
 
+from .parsers import parent_parser
+
 __all__ = ["DEFAULT_HAPI_SERVER", "ERRORS", "register"]
 
 #: Whether ``hapi stack up`` starts the HAPI server unless told otherwise.
@@ -25,6 +27,14 @@ DEFAULT_HAPI_SERVER = True  # the CLI stack is Swift + HAPI; the library default
 ERRORS: tuple[type[BaseException], ...] = (StackError,)
 
 _DEFAULTS = StackConfig()
+_SERVICE_NAMES = {
+    "memcached_port": "memcached (Swift's token cache)",
+    "account_port": "Swift's account server",
+    "container_port": "Swift's container server",
+    "object_port": "Swift's object server",
+    "proxy_port": "Swift's proxy (the API and tempauth)",
+    "hapi_port": "the HAPI server",
+}
 
 
 def _flag(setting: str) -> str:
@@ -40,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "in STATE_DIR/pids.json and stopped by PID only.",
     )
     actions = stack.add_subparsers(dest="stack_action", metavar="ACTION", required=True)
-    state = argparse.ArgumentParser(add_help=False)
+    state = parent_parser()
     state.add_argument(
         "--state-dir",
         type=Path,
@@ -56,7 +66,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "killed) start only the services that are down and keep the others (and memcached's "
         "tokens) running; give the same settings as the first `up`.",
     )
-    start.add_argument("--host", default=_DEFAULTS.host, help="IPv4 address to listen on")
+    start.add_argument(
+        "--host", default=_DEFAULTS.host, help="IPv4 address to listen on (default: %(default)s)"
+    )
     for setting in PORT_SETTINGS:
         start.add_argument(
             _flag(setting),
@@ -64,7 +76,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             type=int,
             default=getattr(_DEFAULTS, setting),
             metavar="PORT",
-            help="default: %(default)s",
+            help=f"port of {_SERVICE_NAMES.get(setting, setting)} (default: %(default)s)",
         )
     start.add_argument(
         "--hapi-server",

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from hapi_contract.dataset import DEFAULT_SHARD_SIZE
 
 from .choices import DEFAULT_AUTH_URL, SOURCE_SPEC_HELP
+from .parsers import RawDescriptionDefaultsHelpFormatter, parent_parser
 
 if TYPE_CHECKING:
     from swiftclient.client import Connection
@@ -43,7 +44,7 @@ UPLOAD_SUBPARSERS: argparse._SubParsersAction[argparse.ArgumentParser] | None = 
 
 def swift_options() -> argparse.ArgumentParser:
     """A parent parser with ``--auth-url/--user/--key/--retries/--timeout``."""
-    parent = argparse.ArgumentParser(add_help=False)
+    parent = parent_parser()
     group = parent.add_argument_group("Swift (tempauth v1)")
     group.add_argument("--auth-url", help=f"auth URL (default: $ST_AUTH, else {DEFAULT_AUTH_URL})")
     group.add_argument("--user", help=f"account:user (default: $ST_USER, else {DEFAULT_USER})")
@@ -152,9 +153,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "manifest into CONTAINER. Re-running with the same source uploads nothing; a changed "
         "source replaces the shards and the manifest and deletes stale shards.",
         epilog=SOURCE_SPEC_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=RawDescriptionDefaultsHelpFormatter,
     )
-    dataset.add_argument("--source", required=True, metavar="SPEC", help="what to upload")
+    dataset.add_argument(
+        "--source", required=True, metavar="SPEC", help="what to upload: a source spec (below)"
+    )
     dataset.add_argument("--container", required=True, help="the Swift container (dataset name)")
     dataset.add_argument(
         "--shard-size",

@@ -32,11 +32,15 @@ def test_bench_report_writes_markdown_from_results(
     )
     results.write(tmp_path)
     out = tmp_path / "docs" / "results.md"
-    assert main(["bench", "report", "--out", str(tmp_path), "--report-out", str(out)]) == 0
+    assert main(["bench", "report", "--out", str(tmp_path), "--output", str(out)]) == 0
     assert f"wrote {out}" in capsys.readouterr().out
     text = out.read_text()
     assert text.startswith("# Results") and "Not available: no in-proxy execution" in text
     assert "Tesla T4" in text  # the thesis' hardware, beside ours
+    # Without --output the report goes into the results folder, never over docs/results.md.
+    assert main(["bench", "report", "--out", str(tmp_path)]) == 0
+    assert f"wrote {tmp_path / 'results.md'}" in capsys.readouterr().out
+    assert (tmp_path / "results.md").read_text() == text
 
 
 def test_demo_help_describes_the_link(capsys: pytest.CaptureFixture[str]) -> None:

@@ -45,3 +45,45 @@ def test_the_hint_run_with_debug_works_when_appended(
 
     with pytest.raises(hapi_models.CheckpointError):  # with it: the exception, for a traceback
         main(["--debug", *argv] if where == "first" else [*argv, "--debug"])
+
+
+def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(argv) == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_a_prefix_is_not_taken_for_an_option(capsys: pytest.CaptureFixture[str]) -> None:
+    # --epoch used to be taken for --epochs; now it is an error that proposes --epochs.
+    err = _usage_error(["finetune", "--model", "m", "--container", "c", "--epoch", "1"], capsys)
+    assert err == (
+        "hapi finetune: error: unrecognized arguments: --epoch 1 (--epoch: did you mean --epochs?)"
+    )
+    err = _usage_error(["stack", "up", "--time", "5"], capsys)
+    assert err.startswith("hapi stack up: error: unrecognized arguments: --time 5")
+
+
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [
+        (["finetune", "--model", "m", "--container", "c", "--batchsize", "8"], "--batch-size"),
+        (["finetune", "--model", "m", "--container", "c", "--batchsize=8"], "--batch-size"),
+        (["upload", "model", "--arch", "alexnet", "--containr", "x"], "--container"),
+        (["--debugg", "stack", "up"], "--debug"),
+        (["stack", "up", "--proxyport", "1"], "--proxy-port"),
+    ],
+)
+def test_a_near_miss_gets_a_suggestion(
+    argv: list[str], hint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert f"did you mean {hint}?" in _usage_error(argv, capsys)
+
+
+def test_an_invalid_choice_gets_a_suggestion(capsys: pytest.CaptureFixture[str]) -> None:
+    err = _usage_error(["upload", "model", "--arch", "resnet5"], capsys)
+    assert err.startswith("hapi upload model: error: argument --arch: invalid choice: 'resnet5'")
+    assert err.endswith("(did you mean 'resnet50'?)")
+    assert _usage_error(["finetun"], capsys).endswith("(did you mean 'finetune'?)")
+    # Nothing close: argparse's message alone.
+    assert _usage_error(["stack", "down", "--zzz"], capsys).endswith(
+        "unrecognized arguments: --zzz"
+    )

@@ -16,6 +16,7 @@ from hapi_contract import DatasetManifest
 from .bandwidth import BandwidthEstimator
 from .datasets import DatasetError, load_manifest
 from .errors import ConfigurationError, SwiftAccessError
+from .progress import quiet_http_warnings
 from .retry import RetryPolicy
 from .swift_session import SwiftCredentials, SwiftSession
 from .throttle import TokenBucket
@@ -55,6 +56,7 @@ class HapiClient:
     ) -> None:
         if retry is not None and retry_budget_s is not None:
             raise ConfigurationError("give retry= or retry_budget_s=, not both")
+        quiet_http_warnings()  # this client retries on its budget and says so once
         try:
             self.retry = retry or (
                 RetryPolicy() if retry_budget_s is None else RetryPolicy(budget_s=retry_budget_s)

@@ -11,17 +11,33 @@ stack with ``hapi stack up`` (measured on a 2-core machine: 8 to 16 s from the c
 stack, the HAPI server being the slowest) several times over, leaving an operator time to type the
 command. Set it per client: ``HapiClient(..., retry_budget_s=30)`` or ``RetryPolicy(budget_s=30)``;
 ``hapi finetune --retry-budget 30`` on the command line.
+
+The budget is one service's, not one request's: requests to the same service (the HAPI server, or
+Swift) share an :class:`Outage`, which starts at the first failure after a success and ends at
+the next success. A request whose first failure falls inside an ongoing outage gets only what is
+left of that outage's budget, so a run whose prefetch keeps several requests in flight (or
+starts new ones while an outage lasts) still gives up ``budget_s`` after the outage began, plus at
+most the time of the one attempt in progress. The first failure of an outage is logged as one
+warning line; every further retry at debug level.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["DEFAULT_RETRY_BUDGET_S", "RetryClock", "RetryEvent", "RetryPolicy"]
+__all__ = [
+    "DEFAULT_RETRY_BUDGET_S",
+    "Outage",
+    "RetryClock",
+    "RetryEvent",
+    "RetryPolicy",
+    "failure_kind",
+]
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +92,79 @@ class RetryPolicy:
         jitter = 0.75 + random.random() / 2  # noqa: S311 - spreads retries, not security
         return min(self.max_backoff_s, self.backoff_s * 2**retry * jitter)
 
-    def clock(self, what: str) -> RetryClock:
-        """A fresh clock for one request (``what`` names it in logs and events)."""
-        return RetryClock(self, what)
+    def clock(self, what: str, outage: Outage | None = None) -> RetryClock:
+        """A fresh clock for one request (``what`` names it in logs and events); ``outage``:
+        the service's shared outage, whose start the request's budget counts from."""
+        return RetryClock(self, what, outage)
+
+
+class Outage:
+    """When the current outage of one service began: its first failure since its last success.
+
+    Shared by every request to that service (thread-safe). :meth:`began` is called at a
+    request's first failure and answers the outage's start (that failure's time when none was
+    going on) and whether this failure opened it; :meth:`ended` at any success.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._since: float | None = None
+
+    def began(self, now: float) -> tuple[float, bool]:
+        with self._lock:
+            if self._since is None:
+                self._since = now
+                return now, True
+            return self._since, False
+
+    def ended(self) -> None:
+        with self._lock:
+            self._since = None
+
+    @property
+    def since(self) -> float | None:
+        """``time.monotonic()`` of the outage's first failure; None while none is going on."""
+        return self._since
+
+
+def failure_kind(exc: BaseException) -> str:
+    """What a failed attempt saw, from the exception (its chain included): ``"refused"``
+    (nothing listens), ``"timeout"``, ``"cut"`` (the connection closed mid-response) or
+    ``"other"``. Read from types first, then from the texts urllib3/requests wrap them in."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    texts = []
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ConnectionRefusedError):
+            return "refused"
+        if isinstance(current, TimeoutError):
+            return "timeout"
+        if isinstance(current, ConnectionResetError | BrokenPipeError):
+            return "cut"
+        texts.append(f"{type(current).__name__} {current}")
+        current = current.__cause__ or current.__context__
+    text = " ".join(texts)
+    for markers, kind in (
+        (("Connection refused", "Errno 111"), "refused"),
+        (("timed out", "Timeout"), "timeout"),
+        (
+            (
+                "RemoteProtocolError",
+                "IncompleteRead",
+                "Connection reset",
+                "ProtocolError",
+                "ReadError",
+                "ChunkedEncodingError",
+                "peer closed",
+                "_TruncatedBody",
+            ),
+            "cut",
+        ),
+    ):
+        if any(m in text for m in markers):
+            return kind
+    return "other"
 
 
 class RetryClock:
@@ -88,11 +174,13 @@ class RetryClock:
     or None when the budget (or the attempt cap) is spent and the caller must raise.
     """
 
-    def __init__(self, policy: RetryPolicy, what: str) -> None:
+    def __init__(self, policy: RetryPolicy, what: str, outage: Outage | None = None) -> None:
         self.policy = policy
         self.what = what
+        self.outage = outage
         self.failures = 0
         self._first_failure: float | None = None
+        self._opened = False  # this request's failure began the outage (or it has no outage)
 
     @property
     def elapsed_s(self) -> float:
@@ -105,7 +193,10 @@ class RetryClock:
         """Count a failure; the pause before the next attempt, or None to give up."""
         now = time.monotonic()
         if self._first_failure is None:
-            self._first_failure = now
+            if self.outage is None:
+                self._first_failure, self._opened = now, True
+            else:
+                self._first_failure, self._opened = self.outage.began(now)
         self.failures += 1
         cap = self.policy.attempts
         remaining = self.policy.budget_s - (now - self._first_failure)
@@ -113,14 +204,28 @@ class RetryClock:
             return None
         return min(self.policy.delay(self.failures - 1, retry_after), remaining)
 
+    def succeeded(self) -> None:
+        """The request went through: its service's outage (if one was going on) is over."""
+        if self.outage is not None:
+            self.outage.ended()
+
     def wait(self, reason: str, retry_after: str | None = None) -> bool:
         """Count a failure and sleep until the next attempt; False to give up instead."""
         pause = self.failed(retry_after)
         if pause is None:
             return False
-        log.warning(
-            "%s failed (%s), retrying in %.1f s: %s", self.what, self.summary(), pause, reason
-        )
+        if self._opened and self.failures == 1:
+            # One line per outage: the later retries (and the other requests') at debug level.
+            log.warning(
+                "%s failed: %s; retrying for up to %g s",
+                self.what,
+                reason,
+                self.policy.budget_s,
+            )
+        else:
+            log.debug(
+                "%s failed (%s), retrying in %.1f s: %s", self.what, self.summary(), pause, reason
+            )
         if self.policy.on_retry is not None:
             self.policy.on_retry(
                 RetryEvent(self.what, reason, self.failures, self.elapsed_s, pause)

@@ -20,10 +20,11 @@ from swiftclient.client import ClientException, Connection
 
 from .bandwidth import BandwidthEstimator
 from .errors import SwiftAccessError, SwiftUnavailableError
-from .retry import RetryClock, RetryPolicy
+from .retry import Outage, RetryClock, RetryPolicy, failure_kind
 from .throttle import TokenBucket
 
 log = logging.getLogger(__name__)
+status = logging.getLogger("hapi_client.status")
 
 #: Longest a bandwidth probe reads (it stops earlier at its byte count).
 PROBE_SECONDS = 2.0
@@ -48,7 +49,7 @@ class SwiftCredentials:
         )
 
 
-def _status(exc: Exception) -> int | None:
+def _status(exc: BaseException) -> int | None:
     return exc.http_status if isinstance(exc, ClientException) else None
 
 
@@ -81,11 +82,19 @@ def _describe(
     tried = f" ({clock.summary()})" if clock is not None else ""
     endpoint = "auth" if what == _AUTH else "storage"
     if status is None:
-        reason = getattr(exc, "msg", None) or exc
-        message = (
-            f"cannot reach Swift at {creds.auth_url}{tried}: {reason}; the Swift proxy is likely "
-            "down: is the stack up? run `hapi stack up`"
-        )
+        kind = failure_kind(exc)
+        if kind == "refused":
+            cause = f"nothing listens at {creds.auth_url}: is the stack up? run `hapi stack up`"
+        elif kind == "cut":
+            cause = (
+                "the connection was cut mid-transfer (a proxy or storage server restarted?); "
+                "if it keeps happening, see the Swift logs"
+            )
+        elif kind == "timeout":
+            cause = "Swift did not answer in time: is the proxy overloaded or hung?"
+        else:
+            cause = f"{short_reason(exc)}; is the stack up? run `hapi stack up`"
+        message = f"cannot read {what} from Swift at {creds.auth_url}{tried}: {cause}"
     elif endpoint == "auth" and status == 503:
         # tempauth answers 503 exactly when it cannot store a new token in memcached.
         message = (
@@ -98,11 +107,31 @@ def _describe(
             "container or account server is likely down); run `hapi stack up`"
         )
     else:
-        message = f"Swift answered {status} for {what}{tried}: {getattr(exc, 'msg', exc)}"
+        message = (
+            f"Swift answered {status} for {what}{tried}: {getattr(exc, 'msg', exc)}; the "
+            "server answered 5xx: see the Swift logs"
+        )
     return SwiftUnavailableError(message, endpoint=endpoint, status=status)
 
 
 _AUTH = "the auth endpoint"
+
+
+def short_reason(exc: BaseException) -> str:
+    """One line for a failed attempt: the kind of failure where it is known, else the
+    exception's own (shortened) text, never urllib3's nested reprs."""
+    kind = failure_kind(exc)
+    if kind == "refused":
+        return "connection refused"
+    if kind == "timeout":
+        return "timed out"
+    if kind == "cut":
+        return "connection cut mid-transfer"
+    status = _status(exc)
+    if status is not None:
+        return f"{status} {getattr(exc, 'http_reason', '') or ''}".rstrip()
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text if len(text) <= 160 else text[:160] + "..."
 
 
 class SwiftSession:
@@ -128,6 +157,8 @@ class SwiftSession:
         self._auth_lock = threading.Lock()
         self._storage_url: str | None = None
         self._token: str | None = None
+        #: Swift's current outage, shared by every read and login of this session.
+        self.outage = Outage()
 
     def _conn(self) -> Connection:
         # No retries of swiftclient's own: this session retries on its time budget instead.
@@ -141,13 +172,16 @@ class SwiftSession:
         self, what: str, attempt: Callable[[], _T], clock: RetryClock | None = None
     ) -> _T:
         """``attempt()`` until it succeeds, a final error, or the retry budget is spent."""
-        clock = clock or self.retry.clock(f"Swift request for {what}")
+        clock = clock or self.retry.clock(f"Swift request for {what}", self.outage)
         while True:
             try:
-                return attempt()
+                result = attempt()
             except Exception as exc:  # swiftclient raises ClientException and socket errors
-                if not is_transient(exc) or not clock.wait(f"{what}: {exc!r}"):
+                if not is_transient(exc) or not clock.wait(short_reason(exc)):
                     raise _describe(exc, what, self.credentials, clock) from exc
+            else:
+                clock.succeeded()
+                return result
 
     def auth(
         self,
@@ -235,8 +269,8 @@ class SwiftSession:
         rate = len(data) / max(seconds, 1e-9)
         if self.bandwidth is not None:
             self.bandwidth.observe(len(data), seconds)
-        log.info(
-            "bandwidth probe: %d bytes of %s in %.3f s = %.1f Mbit/s",
+        status.info(
+            "bandwidth probe: %d bytes of %s in %.2f s = %.1f Mbit/s",
             len(data),
             what,
             seconds,

@@ -36,7 +36,7 @@ from hapi_contract.frames import BatchFrame, EndFrame, FrameDecoder
 
 from .bandwidth import BandwidthEstimator
 from .errors import ConfigurationError, DeliveryError, ServerError, ServerUnavailableError
-from .retry import RetryClock, RetryPolicy
+from .retry import Outage, RetryClock, RetryPolicy, failure_kind
 from .swift_session import SwiftSession
 from .throttle import TokenBucket
 
@@ -61,6 +61,18 @@ class ShardFeatures:
     seconds: float
     attempts: int = 1
     cos_batch_sizes: list[int] = field(default_factory=list)
+
+
+_KIND_TEXT = {"refused": "refused", "timeout": "timed out", "cut": "cut mid-stream"}
+
+
+def _transport_kind(exc: httpx.TransportError) -> str:
+    """``refused``, ``timeout``, ``cut`` or ``other`` for an httpx failure."""
+    if isinstance(exc, httpx.TimeoutException):
+        return "timeout"
+    if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
+        return "cut"
+    return failure_kind(exc)
 
 
 def _detail(resp: httpx.Response) -> tuple[str, str]:
@@ -91,6 +103,9 @@ class HapiTransport:
         self.bandwidth = bandwidth
         self._http = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0))
         self._filter_ops: tuple[str, ...] | None = None
+        #: The server's (or the filter's) current outage, shared by every request of this
+        #: transport: a request started during one gets only what is left of its budget.
+        self.outage = Outage()
 
     def close(self) -> None:
         self._http.close()
@@ -104,12 +119,12 @@ class HapiTransport:
         # server itself.
         if self.via == "swift" and what in _FILTER_OPERATIONS:
             # Through the proxy's HAPI filter: the object URL of the shard, marked as a HAPI call.
-            self._check_filter(storage_url, what)
+            self.check_filter(storage_url, what)
             headers[HAPI_REQUEST_HEADER] = what
             return f"{storage_url}/{quote(container, safe='')}/{quote(obj, safe='/')}", headers
         return f"{self.endpoint}{API_PREFIX}/{what}", headers
 
-    def _check_filter(self, storage_url: str, what: str) -> None:
+    def check_filter(self, storage_url: str, what: str) -> None:
         """Refuse ``what`` through a proxy whose ``/info`` does not list it.
 
         Without the filter, a POST to an object is Swift's own metadata update: it answers 202
@@ -150,19 +165,38 @@ class HapiTransport:
         return self._filter_ops
 
     def _unavailable(
-        self, label: str, clock: RetryClock, last: str, status: int | None, code: str
+        self,
+        label: str,
+        clock: RetryClock,
+        last: str,
+        status: int | None,
+        code: str,
+        kind: str,
     ) -> ServerUnavailableError:
         where = self.endpoint if self.via == "hapi" else "the Swift proxy's HAPI filter"
         if code == "swift_unavailable":
             # The server runs but cannot read Swift: the proxy or a storage server is down.
-            hint = "the Swift proxy or an object server behind the HAPI server is likely down"
-        elif status is None:
-            hint = f"the {'HAPI server' if self.via == 'hapi' else 'Swift proxy'} is likely down"
+            hint = (
+                "the Swift proxy or an object server behind the HAPI server is likely down: "
+                "run `hapi stack up`"
+            )
+        elif status is not None:
+            hint = f"the server answered {status}: see its log"
+        elif kind == "refused":
+            url = self.endpoint if self.via == "hapi" else "the Swift proxy"
+            hint = f"nothing listens at {url}: is the stack up? run `hapi stack up`"
+        elif kind == "cut":
+            hint = (
+                "the connection was cut mid-stream (the server restarted, or something between "
+                "closes long responses); if it keeps happening, see the server's log"
+            )
+        elif kind == "timeout":
+            hint = "the server did not answer within the timeout: is it overloaded or hung?"
         else:
-            hint = "it kept failing"
+            hint = "is the stack up? run `hapi stack up`"
         return ServerUnavailableError(
             f"{label} via {where} failed ({clock.summary()}, retry budget "
-            f"{self.retry.budget_s:g} s): {last}; {hint}: run `hapi stack up`",
+            f"{self.retry.budget_s:g} s): {last}; {hint}",
             status=status,
             code=code,
         )
@@ -181,7 +215,7 @@ class HapiTransport:
         Failures that can pass are retried until the budget is spent, then ServerUnavailableError;
         a 4xx is final (ServerError), except one 401 per request, which renews the token first.
         """
-        clock = self.retry.clock(label)
+        clock = self.retry.clock(label, self.outage)
         refreshed = False
         attempts = 0
         while True:
@@ -190,18 +224,21 @@ class HapiTransport:
             retry_after: str | None = None
             status: int | None = None
             code = ""
+            kind = "other"
             try:
                 result = send(url, headers)
             except httpx.TransportError as exc:
-                last = f"connection error: {exc!r}"
+                kind = _transport_kind(exc)
+                last = f"connection error ({_KIND_TEXT.get(kind, type(exc).__name__)}): {exc}"
             except RemoteStreamError as exc:
                 if exc.status < 500:
                     raise ServerError(exc.status, exc.detail) from exc
                 last, status = f"the stream ended with {exc.status}: {exc.detail}", exc.status
             except (FrameError, DeliveryError) as exc:
-                last = f"the stream broke: {exc}"
+                last, kind = f"the stream broke: {exc}", "cut"
             else:
                 if not isinstance(result, httpx.Response):
+                    clock.succeeded()
                     return result, attempts
                 detail, code = _detail(result)
                 status = result.status_code
@@ -215,7 +252,7 @@ class HapiTransport:
                 last = f"{status} {code or 'error'}: {detail}"
                 retry_after = result.headers.get("retry-after")
             if not clock.wait(last, retry_after):
-                raise self._unavailable(label, clock, last, status, code)
+                raise self._unavailable(label, clock, last, status, code, kind)
 
     def extract(self, req: ExtractRequest, num_samples: int | None = None) -> ShardFeatures:
         body = req.model_dump(mode="json")

@@ -19,6 +19,8 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ..client import HapiClient
+from ..preflight import preflight as run_preflight
 from ..swift_session import SwiftCredentials
 from .config import DistributedConfig
 from .errors import DistributedConfigError, LaunchError
@@ -90,6 +92,7 @@ def launch(
     log_level: str = "warning",
     python: str = sys.executable,
     stream_output: bool = False,
+    preflight: bool = True,
 ) -> DistributedResult:
     """Run ``config`` on ``nproc`` local workers under torchrun and return rank 0's result.
 
@@ -97,7 +100,8 @@ def launch(
     ``log_path`` keeps torchrun's and the workers' output (else a temporary file, whose tail
     is part of the :class:`LaunchError` on failure); with ``stream_output`` and no ``log_path``
     the output goes to this process's stdout/stderr instead (progress bars, logs).
-    ``timeout_s`` stops the whole run.
+    ``timeout_s`` stops the whole run. ``preflight``: check Swift, the containers, the model
+    and the server in seconds before any worker starts (:func:`~hapi_client.preflight.preflight`).
     """
     return launch_many(
         nproc,
@@ -109,7 +113,24 @@ def launch(
         log_level=log_level,
         python=python,
         stream_output=stream_output,
+        preflight=preflight,
     )[0]
+
+
+def _preflight(configs: Sequence[DistributedConfig], credentials: SwiftCredentials | None) -> None:
+    """Check what the runs need once, here, before torchrun starts a worker."""
+    from .setup import credentials_or_env
+
+    creds = credentials_or_env(credentials)
+    seen = set()
+    for config in configs:
+        key = (config.endpoint, config.via, config.mode, config.model)
+        containers = (config.container, config.eval_container)
+        if (key, containers) in seen:
+            continue
+        seen.add((key, containers))
+        with HapiClient(config.endpoint, creds, via=config.via) as client:
+            run_preflight(client, model=config.model, containers=containers, mode=config.mode)
 
 
 def launch_many(
@@ -123,6 +144,7 @@ def launch_many(
     log_level: str = "warning",
     python: str = sys.executable,
     stream_output: bool = False,
+    preflight: bool = True,
 ) -> list[DistributedResult]:
     """Run ``configs`` one after the other in a single torchrun job (see :func:`~.trainer.run_sequence`).
 
@@ -135,6 +157,8 @@ def launch_many(
         return []
     for config in configs:
         config.check_world(nproc)
+    if preflight:
+        _preflight(configs, credentials)
     with tempfile.TemporaryDirectory(prefix="hapi-dist-") as tmp:
         paths: list[Path] = []
         results: list[Path] = []

@@ -20,6 +20,7 @@ local verification of the pushdown.
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +45,7 @@ from .model_store import StoredModel
 from .options import ExtractOptions, TrainOptions, prefetch_depth
 from .pipeline import EpochCounters, ShardLoader, iterate_batches, plan_epoch, rank_share
 from .planning import PipelineCosts, SplitChoice, SplitDecision, plan_split
+from .preflight import preflight as run_preflight
 from .preparation import PreparedModel, cos_batch_cap, prepare_model
 from .shard_loaders import PushdownVerifier, make_shard_loader
 
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
 __all__ = ["FeatureDataset", "LocalModel"]
 
 log = logging.getLogger(__name__)
+status = logging.getLogger("hapi_client.status")
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 _STATE_VERSION = 1
@@ -129,7 +132,11 @@ class FeatureDataset(IterableDataset[Batch]):
         prefetch: shards loaded ahead (default: enough for one batch, at least 2).
         verify_fraction: fraction of shards whose features are recomputed locally
             (``verify_samples`` samples each); a mismatch raises
-            :class:`~hapi_client.VerificationError`.
+            :class:`~hapi_client.VerificationError`. Verified samples are counted in
+            :attr:`last_counters`; a fraction that draws none of the shards is warned about.
+        preflight: check Swift, the container, the model and the server in seconds before
+            anything else (:func:`~hapi_client.preflight.preflight`); only when the dataset
+            prepares its model itself (not with ``prepared``, whose maker checked).
 
     Use it directly in a ``for`` loop or through ``DataLoader(ds, batch_size=None)`` with
     ``num_workers=0`` (the dataset prefetches on its own threads). After an epoch ends the next
@@ -165,6 +172,7 @@ class FeatureDataset(IterableDataset[Batch]):
         verify_fraction: float = 0.0,
         verify_samples: int = 4,
         prepared: PreparedModel | None = None,
+        preflight: bool = True,
     ) -> None:
         super().__init__()
         if mode not in ("hapi", "baseline"):
@@ -186,6 +194,8 @@ class FeatureDataset(IterableDataset[Batch]):
         # measured bandwidths differ) and decided collectively: construct and iterate on all.
         self._collective = rank is None and world_size is None and _distributed()
         self.rank, self.world_size = _rank_and_world(rank, world_size)
+        if prepared is None and preflight:
+            run_preflight(client, model=model, containers=[container], mode=mode)
         self.prepared = prepared or prepare_model(
             client,
             model,
@@ -216,6 +226,7 @@ class FeatureDataset(IterableDataset[Batch]):
         # Resumed on a saved split other than the planned one: plan afresh at the next epoch.
         self._replan = False
         self.decision = self._plan()
+        self._verify_warned: set[int] = set()  # splits whose empty verification was warned
         self._epoch = 0
         self._position = 0  # batches of the current epoch already yielded
         self._locals: weakref.WeakSet[LocalModel] = weakref.WeakSet()
@@ -391,6 +402,7 @@ class FeatureDataset(IterableDataset[Batch]):
         )
         loader = self._loader(self.split_index)
         counters = EpochCounters()
+        self._check_verification([manifest.shards[k].name for k in shards])
         log.info(
             "epoch %d (rank %d/%d): %d batches from batch %d, split %d",
             epoch,
@@ -400,6 +412,8 @@ class FeatureDataset(IterableDataset[Batch]):
             self._position,
             self.split_index,
         )
+        began = time.perf_counter()
+        first = True
         with ThreadPoolExecutor(self.prefetch, thread_name_prefix="hapi-prefetch") as pool:
             batches = iterate_batches(
                 plan,
@@ -415,6 +429,13 @@ class FeatureDataset(IterableDataset[Batch]):
                 start_batch=self._position,
             )
             for batch in batches:
+                if first:
+                    first = False
+                    status.info(
+                        "epoch %d: first batch %.2f s after the epoch began",
+                        epoch,
+                        time.perf_counter() - began,
+                    )
                 self._position += 1
                 self.last_counters = counters
                 yield batch
@@ -439,7 +460,24 @@ class FeatureDataset(IterableDataset[Batch]):
             verifier=self.verifier,
         )
 
+    def _check_verification(self, shard_names: list[str]) -> None:
+        """Warn once per split when verification is on but draws none of this rank's shards."""
+        verifier, split = self.verifier, self.split_index
+        if verifier is None or split == 0 or split in self._verify_warned:
+            return
+        if verifier.drawn(self.container, shard_names, split) == 0:
+            self._verify_warned.add(split)
+            log.warning(
+                "verify_fraction=%g draws none of the %d shards at split %d: nothing will be "
+                "verified (use at least %.2g to expect one shard)",
+                verifier.fraction,
+                len(shard_names),
+                split,
+                1 / max(1, len(shard_names)),
+            )
+
     def _plan(self, current: SplitDecision | None = None) -> SplitDecision:
+        began = time.perf_counter()
         plan = plan_split(
             self.client,
             self.prepared,
@@ -456,6 +494,14 @@ class FeatureDataset(IterableDataset[Batch]):
         )
         # Measured once per run; a re-plan at an epoch boundary reuses them.
         self._costs = plan.costs or self._costs
+        if current is None or plan.decision.split_index != current.split_index:
+            status.info(
+                "split %d (freeze %d) decided in %.2f s: %s",
+                plan.decision.split_index,
+                self.freeze_index,
+                time.perf_counter() - began,
+                plan.decision.reason,
+            )
         return plan.decision
 
     def _maybe_resplit(self) -> None:

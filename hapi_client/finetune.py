@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import hapi_models
 import torch
-from tqdm import tqdm
 
 from hapi_contract import FinetuneRequest, OptimizerSpec, TransformSpec
 
@@ -30,12 +29,15 @@ from .metrics import EpochSummary
 from .model_store import StoredModel
 from .options import ExtractOptions, TrainOptions
 from .planning import SplitDecision
+from .preflight import preflight as run_preflight
 from .preparation import PreparedModel, prepare_model
+from .progress import Progress, progress_bar
 
 if TYPE_CHECKING:
     from .client import HapiClient
 
 log = logging.getLogger(__name__)
+status = logging.getLogger("hapi_client.status")
 
 Mode = Literal["hapi", "baseline", "all_in_cos"]
 MODES: tuple[str, ...] = ("hapi", "baseline", "all_in_cos")
@@ -58,6 +60,8 @@ class EpochMetrics(EpochSummary):
     #: Seconds from the epoch's start to its last batch; the rest of the epoch is the last
     #: iteration's training, the pipeline's drain (None: no batch).
     last_batch_s: float | None = None
+    #: Samples of the epoch checked against a local recomputation (``verify_fraction``).
+    verified_samples: int = 0
 
 
 @dataclass
@@ -100,6 +104,7 @@ def run_finetune(
     progress: bool = True,
     max_iterations: int | None = None,
     verify_fraction: float = 0.0,
+    preflight: bool = True,
 ) -> FinetuneResult:
     """The recipe: fine-tune ``model`` on ``container`` with a plain cross-entropy loop.
 
@@ -110,12 +115,18 @@ def run_finetune(
     optimizer and seed (:class:`~hapi_client.TrainOptions`); ``extract``: split, freeze index,
     crop size and how the features travel (:class:`~hapi_client.ExtractOptions`).
     ``eval_container``: held-out accuracy after each epoch. ``max_iterations``: stop each
-    epoch early (benchmarks).
+    epoch early (benchmarks). ``preflight``: first check in seconds that Swift, both
+    containers, the model and the server are there (:func:`~hapi_client.preflight.preflight`),
+    so that a missing piece is one line naming what to run, before any training. Progress: a
+    bar on a terminal, plain lines elsewhere; status lines go to the ``hapi_client.status``
+    logger (:mod:`hapi_client.progress`).
     """
     if mode not in MODES:
         raise ConfigurationError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     train = train or TrainOptions()
     extract = extract or ExtractOptions()
+    if preflight:
+        run_preflight(client, model=model, containers=[container, eval_container], mode=mode)
     prepared = prepare_model(
         client,
         model,
@@ -154,12 +165,8 @@ def run_finetune(
         dataset.set_epoch(epoch)
         start = time.perf_counter()
         local.train()
-        bar = tqdm(
-            total=len(dataset),
-            desc=f"{mode} epoch {epoch + 1}/{train.epochs}",
-            unit="it",
-            disable=not progress,
-            leave=True,
+        bar = progress_bar(
+            len(dataset), f"{mode} epoch {epoch + 1}/{train.epochs}", enabled=progress
         )
         arrivals: list[float] = []
         batches = _with_progress(dataset, bar, start, max_iterations, arrivals)
@@ -204,6 +211,7 @@ def run_finetune(
                 samples_per_s=counters.samples / seconds,
                 first_batch_s=arrivals[0] - start if arrivals else None,
                 last_batch_s=arrivals[-1] - start if arrivals else None,
+                verified_samples=counters.verified_samples,
             )
         )
         log.info("epoch %d: %s", epoch + 1, history[-1])
@@ -213,6 +221,16 @@ def run_finetune(
     if dataset.verifier is not None:
         extra["verified_shards"] = dataset.verifier.checked_shards
         extra["verified_samples"] = dataset.verifier.checked_samples
+        status.info(
+            "verification: %d samples of %d shards matched the local computation",
+            dataset.verifier.checked_samples,
+            dataset.verifier.checked_shards,
+        )
+        if dataset.verifier.checked_samples == 0:
+            log.warning(
+                "verify_fraction=%g verified nothing in this run: no shard was drawn",
+                verify_fraction,
+            )
     decision = dataset.decision
     if mode == "baseline":
         decision = SplitDecision(
@@ -232,7 +250,7 @@ def run_finetune(
 
 def _with_progress(
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
-    bar: tqdm,  # type: ignore[type-arg]
+    bar: Progress,
     start: float,
     max_iterations: int | None,
     arrivals: list[float],

@@ -32,6 +32,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+status = logging.getLogger("hapi_client.status")
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class LoadedShard:
     wire_bytes: int
     requests: int
     """HTTP requests this load cost (0 for a cache hit)."""
+    verified_samples: int = 0
+    """Samples of this shard checked against a local recomputation (pushdown verification)."""
 
 
 ShardLoader = Callable[[int], LoadedShard]
@@ -52,6 +55,9 @@ class EpochCounters:
     wire_bytes: int = 0
     requests: int = 0
     iterations: int = 0
+    #: Samples checked against a local recomputation (``verify_fraction``), and their shards.
+    verified_samples: int = 0
+    verified_shards: int = 0
 
 
 def rank_share(
@@ -148,9 +154,15 @@ def iterate_batches(
     buffered = 0
     delivered = 0
 
+    announced = False
+
     def refill() -> None:
         nonlocal next_i
         while next_i < len(order) and len(pending) < max(1, depth):
+            if next_i == 0:
+                status.info(
+                    "first shard requested (%d shards, %d in flight)", len(order), max(1, depth)
+                )
             pending.append((order[next_i], executor.submit(loader, order[next_i])))
             next_i += 1
 
@@ -160,9 +172,17 @@ def iterate_batches(
             shard, future = pending.popleft()
             # Refill before this shard is consumed, not after: while the caller trains on its
             # batches, ``depth`` further shards are in flight, so the server (or the link) is
-            # never idle waiting for the next request.
-            refill()
+            # never idle waiting for the next request. But never after a failure: a shard that
+            # already failed is read first, and one that fails while waited on is raised before
+            # anything new is sent (a new request during an outage would only make the exit of
+            # the pool wait for it).
+            if not future.done():
+                refill()
             loaded = future.result()
+            if not announced:
+                announced = True
+                status.info("first shard delivered (%d samples)", len(loaded.labels))
+            refill()
             n = len(loaded.labels)
             if n != shard_sizes[shard] or loaded.inputs.shape[0] != n:
                 raise DeliveryError(
@@ -170,6 +190,9 @@ def iterate_batches(
                 )
             counters.wire_bytes += loaded.wire_bytes
             counters.requests += loaded.requests
+            if loaded.verified_samples:
+                counters.verified_samples += loaded.verified_samples
+                counters.verified_shards += 1
             if permute:
                 index = plan.permutation(shard, n)[skip:]
                 xs.append(loaded.inputs[index])

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["PreparedModel", "cos_batch_cap", "prepare_model", "rescale_transform"]
 
 log = logging.getLogger(__name__)
+status = logging.getLogger("hapi_client.status")
 
 
 @dataclass
@@ -82,10 +83,17 @@ def prepare_model(
     The classifier gets the dataset's class count (or ``num_classes``), initialised from
     ``seed`` so that every process that prepares the same run builds the same head.
     """
+    began = time.perf_counter()
     stored = resolve_model(client.swift, model)
     manifest = client.manifest(container)
     classes = num_classes or len(manifest.classes)
     net = download_model(client.swift, stored)
+    status.info(
+        "model %s: %.1f MB of weights read and checked in %.2f s",
+        stored.name,
+        stored.nbytes / 1e6,
+        time.perf_counter() - began,
+    )
     transform = rescale_transform(transform or net.transform, image_size)
     freeze = net.default_freeze_index if freeze_index is None else freeze_index
     if isinstance(freeze, bool) or not isinstance(freeze, int) or not 0 <= freeze < net.num_layers:
@@ -97,7 +105,7 @@ def prepare_model(
     start = time.perf_counter()
     prof = hapi_models.profile(net, transform.input_shape)
     seconds = time.perf_counter() - start
-    log.info("%s: profiled in %.1f ms", stored.arch, seconds * 1e3)
+    log.debug("%s: profiled in %.1f ms", stored.arch, seconds * 1e3)
     return PreparedModel(
         stored, manifest, net, transform, freeze, classes, prof, profile_to_spec(prof), seconds
     )

@@ -7,6 +7,7 @@ a mismatch, so that a faulty or hostile storage-side server cannot silently pois
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import random
@@ -94,6 +95,17 @@ class PushdownVerifier:
         if self.samples < 1:
             raise ConfigurationError(f"verify samples must be >= 1, got {self.samples}")
 
+    def _draw(self, container: str, shard_name: str, split: int) -> random.Random | None:
+        """The generator of a shard's checked samples, or None when the shard is not checked."""
+        rng = random.Random(f"{self.seed}/{container}/{shard_name}/{split}")
+        if self.fraction == 0.0 or rng.random() >= self.fraction:
+            return None
+        return rng
+
+    def drawn(self, container: str, shard_names: list[str], split: int) -> int:
+        """How many of ``shard_names`` are checked at ``split`` (the draw is known in advance)."""
+        return sum(self._draw(container, name, split) is not None for name in shard_names)
+
     def check(
         self,
         container: str,
@@ -101,10 +113,15 @@ class PushdownVerifier:
         split: int,
         dtype: OutputDtype,
         loaded: LoadedShard,
-    ) -> None:
-        rng = random.Random(f"{self.seed}/{container}/{shard_name}/{split}")
-        if self.fraction == 0.0 or rng.random() >= self.fraction:
-            return
+    ) -> int:
+        """Check ``loaded`` if the shard is drawn; the number of samples verified (0: not drawn).
+
+        Raises:
+            VerificationError: a checked sample differs from the local computation.
+        """
+        rng = self._draw(container, shard_name, split)
+        if rng is None:
+            return 0
         data, _ = self.swift.get(container, shard_name, observe=False)
         stored = read_shard(data)
         picks = sorted(rng.sample(range(len(stored)), min(self.samples, len(stored))))
@@ -133,6 +150,7 @@ class PushdownVerifier:
         self.checked_shards += 1
         self.checked_samples += len(picks)
         log.info("verified %d samples of %s/%s", len(picks), container, shard_name)
+        return len(picks)
 
 
 def hapi_loader(
@@ -175,7 +193,9 @@ def hapi_loader(
         feats = got.features if got.features.dtype == torch.float32 else got.features.float()
         loaded = LoadedShard(feats, got.labels, got.wire_bytes, got.attempts)
         if verifier is not None:
-            verifier.check(container, info.name, split, dtype, loaded)
+            verified = verifier.check(container, info.name, split, dtype, loaded)
+            if verified:
+                loaded = dataclasses.replace(loaded, verified_samples=verified)
         if cache is not None:  # only what passed verification is kept
             cache.put(key, CachedFeatures(feats, got.labels))
         return loaded

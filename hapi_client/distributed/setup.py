@@ -177,7 +177,9 @@ def setup_replica(
         )
         split = plan.decision.split_index
         if rank == 0:
-            log.info("split %d: %s", split, plan.decision.reason)
+            logging.getLogger("hapi_client.status").info(
+                "split %d: %s", split, plan.decision.reason
+            )
     net = prepared.net.to(device)
     hapi_models.prepare_for_finetuning(net, freeze)
     trainable = net.tail(freeze)

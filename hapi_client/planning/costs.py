@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = ["PipelineCosts", "measure_client_costs", "measure_pipeline_costs"]
 
 log = logging.getLogger(__name__)
+status = logging.getLogger("hapi_client.status")
 
 #: Samples per timed batch: per-sample times at this batch are within a few percent of larger
 #: ones on a CPU, and measuring stays a fraction of a second for the usual models.
@@ -164,8 +165,15 @@ def measure_pipeline_costs(
     images, rate = _sample_images(
         swift, container, shard.name, manifest.mean_shard_bytes_per_sample
     )
+    began = time.perf_counter()
     client_costs = measure_client_costs(
         prepared.net, prepared.transform, prepared.freeze_index, images, device
+    )
+    status.info(
+        "timings: the client's cost of layers [0, %d) measured on %s in %.2f s",
+        prepared.freeze_index,
+        device,
+        time.perf_counter() - began,
     )
     freeze = prepared.freeze_index
     if freeze == 0:
@@ -184,8 +192,14 @@ def measure_pipeline_costs(
         compression=compression,
         samples=min(TIMING_BATCH, shard.samples, b_max),
     )
+    began = time.perf_counter()
     try:
         got = transport.timings(req)
+        status.info(
+            "timings: the server's cost of layers [0, %d) measured in %.2f s",
+            freeze,
+            time.perf_counter() - began,
+        )
     except HapiClientError as exc:
         log.warning("the server's timings are unavailable (%s): split by Algorithm 2", exc)
         return PipelineCosts(

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,7 +64,28 @@ def options_from_args(args: argparse.Namespace) -> tuple[TrainOptions, ExtractOp
     return TrainOptions(**given(_TRAIN_FLAGS)), ExtractOptions(**extract)
 
 
+class _StatusFormatter(logging.Formatter):
+    """``hapi [  12.3 s] message``: the time since the command started, then the step."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"hapi [{record.relativeCreated / 1e3:6.1f} s] {record.getMessage()}"
+
+
+def show_status(quiet: bool) -> None:
+    """Print the library's status lines (logger ``hapi_client.status``) on stderr, unless
+    ``quiet``; they are not passed on to the root logger, so ``-v`` shows them once."""
+    logger = logging.getLogger("hapi_client.status")
+    if quiet or any(isinstance(h.formatter, _StatusFormatter) for h in logger.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_StatusFormatter())
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
 def _run(args: argparse.Namespace) -> int:
+    show_status(bool(getattr(args, "quiet", False)))
     if getattr(args, "workers", 1) > 1:
         return workers.run_from_args(args)
     import hapi_models
@@ -114,6 +137,11 @@ def _run(args: argparse.Namespace) -> int:
         for m in result.history
     ]
     print(format_table(rows))
+    if "verified_samples" in result.extra:
+        print(
+            f"verified {result.extra['verified_samples']} samples of "
+            f"{result.extra['verified_shards']} shards against a local recomputation"
+        )
     if args.save:
         digest = hapi_models.save_weights(result.model, args.save)
         print(f"weights saved to {args.save} (sha256 {digest})")
@@ -134,7 +162,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--eval-container", help="a held-out dataset container to evaluate on after each epoch"
     )
-    p.add_argument("--mode", choices=MODES, default="hapi")
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default="hapi",
+        help="hapi: the server runs the frozen head next to Swift and streams features; "
+        "baseline: download the raw shards and run every layer here; all_in_cos: the server "
+        "fine-tunes too and returns the weights",
+    )
     p.add_argument(
         "--split",
         type=_split,
@@ -142,15 +177,34 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="auto (default: the fastest predicted split from measured costs and bandwidth), "
         "thesis (the thesis' Algorithm 2), freeze, or a layer index",
     )
-    p.add_argument("--freeze-index", type=int, help="default: the model's")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="sgd")
-    p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--freeze-index",
+        type=int,
+        help="layers before this index stay frozen (default: the architecture's)",
+    )
+    p.add_argument("--batch-size", type=int, default=64, help="samples per training batch")
+    p.add_argument("--epochs", type=int, default=1, help="passes over the training container")
+    p.add_argument(
+        "--optimizer",
+        choices=("sgd", "adam", "adamw"),
+        default="sgd",
+        help="optimizer of the trainable layers",
+    )
+    p.add_argument("--lr", type=float, default=0.01, help="learning rate")
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (sgd only)")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="L2 weight decay")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the epoch order and the new classifier: the same seed gives the same weights",
+    )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="where the client's layers train: cpu, cuda or cuda:N (with --workers: cuda picks "
+        "one GPU per worker)",
+    )
     p.add_argument("--image-size", type=int, help="crop size (default: the model's, 224)")
     p.add_argument(
         "--dtype",
@@ -158,11 +212,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=DEFAULT_OUTPUT_DTYPE.value,
         help="features on the wire (default: %(default)s; float32 to match a local computation)",
     )
-    p.add_argument("--compression", choices=("none", "zstd"), default=DEFAULT_COMPRESSION.value)
-    p.add_argument("--no-cache", action="store_true", help="re-extract features every epoch")
-    p.add_argument("--bandwidth-mbit", type=float, help="override the measured bandwidth")
     p.add_argument(
-        "--throttle-mbit", type=float, help="limit this client's transfers (token bucket)"
+        "--compression",
+        choices=("none", "zstd"),
+        default=DEFAULT_COMPRESSION.value,
+        help="compression of the feature stream",
+    )
+    p.add_argument("--no-cache", action="store_true", help="re-extract features every epoch")
+    p.add_argument(
+        "--bandwidth-mbit",
+        type=float,
+        help="the link's bandwidth in Mbit/s for the split decision (default: measured)",
+    )
+    p.add_argument(
+        "--throttle-mbit",
+        type=float,
+        help="limit this client's transfers to this many Mbit/s (default: no limit)",
     )
     p.add_argument(
         "--retry-budget",
@@ -172,21 +237,34 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="keep retrying a failed request this long, e.g. while `hapi stack up` restarts a "
         "service (default: %(default)s)",
     )
-    p.add_argument("--endpoint", default=os.environ.get("HAPI_ENDPOINT", DEFAULT_ENDPOINT))
+    p.add_argument(
+        "--endpoint",
+        default=os.environ.get("HAPI_ENDPOINT", DEFAULT_ENDPOINT),
+        help=f"URL of the HAPI server (default: $HAPI_ENDPOINT, else {DEFAULT_ENDPOINT})",
+    )
     p.add_argument(
         "--via",
         choices=("hapi", "swift"),
         default="hapi",
-        help="talk to the HAPI server directly or through Swift's HAPI filter",
+        help="talk to the HAPI server directly (hapi) or through Swift's HAPI filter (swift)",
     )
-    p.add_argument("--auth-url")
-    p.add_argument("--user")
-    p.add_argument("--key")
+    p.add_argument(
+        "--auth-url", help=f"Swift auth URL (default: $ST_AUTH, else {DEFAULT_AUTH_URL})"
+    )
+    p.add_argument("--user", help="Swift account:user (default: $ST_USER, else test:tester)")
+    p.add_argument("--key", help="Swift password (default: $ST_KEY, else testing)")
     p.add_argument("--save", help="write the fine-tuned weights here (.safetensors)")
     p.add_argument("--metrics-json", help="write the per-epoch metrics here")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument(
-        "--workers", type=int, default=1, help="multi-worker robust fine-tuning (torchrun)"
+        "--quiet",
+        action="store_true",
+        help="no status lines and no progress (bars on a terminal, plain lines in a log)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="workers of a robust multi-worker fine-tuning under torchrun (1: one process)",
     )
     workers.add_worker_arguments(p)
     p.set_defaults(func=_run)

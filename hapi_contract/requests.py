@@ -7,7 +7,10 @@ the field instead of a default quietly taking its place. Models are frozen value
 
 Every rule that JSON Schema can state is a schema constraint (lengths, bounds, patterns, unique
 items), so ``/openapi.json`` documents what is refused; the few cross-field rules are named in
-the models' descriptions.
+the models' descriptions. What only a server knows, its OpenAPI document adds (see
+``hapi_server.route_docs.install_openapi``): the architectures as an enum (the contract imports
+no model registry), that ``model.weights`` is required, its epochs limit, and its request body
+limit in bytes (the ``x-max-body-bytes`` extension, 413 over; 1 MiB by default).
 
 Swift names follow Swift's own limits (``swift/common/constraints.py``): a container name is at
 most 256 UTF-8 bytes and has no ``/``; an object name is at most 1024 UTF-8 bytes. Control
@@ -66,6 +69,7 @@ MAX_OBJECT_NAME_BYTES = 1024
 _MAX_BATCH = 100_000
 _MAX_LAYERS = 10_000
 _MAX_SHARDS = 10_000
+_MAX_JSON_INT = 2**53 - 1
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -242,8 +246,8 @@ class ModelRef(_Model):
     """Which registry architecture to build, with how many classes and which weights."""
 
     arch: Annotated[StrictStr, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9_]+$")] = Field(
-        description="a registry architecture; `GET /v1/models` lists those the server has (422 "
-        "for another)"
+        description="a registry architecture; a server's OpenAPI document lists them as an enum "
+        "and `GET /v1/models` describes them (422 for another)"
     )
     num_classes: Annotated[StrictInt, Field(ge=1, le=100_000), _INTEGRAL]
     weights: WeightsRef | None = Field(
@@ -380,7 +384,9 @@ class FinetuneRequest(_Model):
     batch_size: _Size
     epochs: Annotated[StrictInt, Field(ge=1, le=1000), _INTEGRAL]
     optimizer: OptimizerSpec
-    seed: Annotated[StrictInt, Field(ge=0, le=2**63 - 1), _INTEGRAL] = 0
+    # At most 2**53 - 1, the largest integer every JSON parser reads exactly (RFC 7493): above
+    # it a number may arrive as a float that rounds past the bound it was generated under.
+    seed: Annotated[StrictInt, Field(ge=0, le=_MAX_JSON_INT), _INTEGRAL] = 0
     b_max: _Size
     request_id: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9._:-]{1,128}$")] | None = None
 

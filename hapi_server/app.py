@@ -21,6 +21,7 @@ from hapi_core.admission import validation_detail
 from hapi_core.errors import HapiCoreError
 
 from .body_limit import BodyLimitMiddleware
+from .route_docs import install_openapi
 from .routers import extract, finetune, health, metrics, models, timings
 from .settings import ServerSettings, get_settings
 from .state import ServerState
@@ -96,4 +97,5 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _invalid)
     for module in (extract, timings, finetune, models, health, metrics):
         app.include_router(module.router)
+    install_openapi(app, settings)
     return app

@@ -4,21 +4,36 @@ Every refusal is the contract's ``ErrorBody`` as ``application/json``, whatever 
 success media type is. FastAPI files an extra response's ``model`` under the *route's* media
 type, so the routes with a non-JSON success (frames, safetensors, Prometheus text) use a response
 class without one and declare their 200 content here explicitly.
+
+:func:`install_openapi` adds what only this server knows to the request schemas, which the
+contract keeps torch- and settings-free: the architectures (an enum from the model registry),
+that the endpoints require ``model.weights``, the epochs limit of ``/v1/finetune``, and the
+request body limit (``x-max-body-bytes`` on every request body and at the top, beside the 413).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hapi_contract import CONTENT_TYPE_FRAMES, ErrorBody, Health
 
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from .settings import ServerSettings
+
 __all__ = [
+    "BODY_LIMIT_EXTENSION",
     "extract_responses",
     "finetune_responses",
     "health_responses",
+    "install_openapi",
     "metrics_responses",
     "models_responses",
 ]
+
+#: The OpenAPI extension that states the largest request body, in bytes (413 over it).
+BODY_LIMIT_EXTENSION = "x-max-body-bytes"
 
 _BINARY = {"schema": {"type": "string", "format": "binary"}}
 _HEADER = {"schema": {"type": "string"}}
@@ -44,7 +59,8 @@ _SWIFT_WORK: dict[int | str, str] = {
         "the request is invalid (`invalid_request`, with an `errors` list for schema errors; "
         "`invalid_name`; `invalid_shard`). Besides the schema: an unknown architecture, a "
         "split/freeze index past the architecture's layers, no `model.weights`, weights that "
-        "are not safetensors for the architecture, `crop` over `resize`, a profile whose lists "
+        "are not safetensors for the architecture, `crop` over `resize`, a crop too small for "
+        "the architecture (alexnet needs 63, VGG 32), a profile whose lists "
         "differ in length, no or a foreign `X-Storage-Url`; a shard that is not a valid tar of "
         "decodable images"
     ),
@@ -121,3 +137,61 @@ def health_responses() -> dict[int | str, dict[str, Any]]:
         503: {"model": Health, "description": "degraded: Swift does not answer its healthcheck"},
         **{k: v for k, v in _errors({}).items() if k != 503},
     }
+
+
+def install_openapi(app: FastAPI, settings: ServerSettings) -> None:
+    """Make ``app.openapi()`` (``/openapi.json``, ``/docs``) state what this server refuses.
+
+    JSON Schema cannot count a body's bytes, so the limit is the ``x-max-body-bytes`` extension
+    of every request body (and of the document's ``info``), named in each body's description and
+    in every 413; a client keeps its JSON under it, and schema-driven tests expect the 413 over.
+    """
+    import hapi_models  # the registry: torch is loaded by the server anyway
+
+    plain = app.openapi
+    limit = settings.max_request_body_bytes
+    archs = hapi_models.list_models()
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        doc = plain()
+        doc["info"][BODY_LIMIT_EXTENSION] = limit
+        schemas = doc["components"]["schemas"]
+        model_ref = schemas["ModelRef"]
+        arch = model_ref["properties"]["arch"]
+        arch["enum"] = archs
+        arch["description"] = (
+            f"a registry architecture: one of {', '.join(archs)} (`GET /v1/models` describes them)"
+        )
+        # The contract lets a client build a ModelRef without weights; these endpoints refuse it.
+        weights = model_ref["properties"]["weights"]
+        weights.pop("anyOf", None)
+        weights["$ref"] = "#/components/schemas/WeightsRef"
+        weights.pop("default", None)
+        weights["description"] = (
+            "the weights to load, required by this server (`hapi upload model` stores them), so "
+            "that the server and the client run the same network"
+        )
+        model_ref["required"] = sorted({*model_ref["required"], "weights"})
+        epochs = schemas["FinetuneRequest"]["properties"]["epochs"]
+        epochs["maximum"] = min(
+            epochs.get("maximum", settings.max_finetune_epochs), settings.max_finetune_epochs
+        )
+        for ops in doc["paths"].values():
+            for op in ops.values():
+                body = op.get("requestBody")
+                if body is not None:
+                    body[BODY_LIMIT_EXTENSION] = limit
+                    body["description"] = (
+                        f"at most {limit} bytes of JSON (`HAPI_MAX_REQUEST_BODY_BYTES`); 413 over"
+                    )
+                if "413" in op.get("responses", {}):
+                    op["responses"]["413"]["description"] += (
+                        f"; this server's request body limit is {limit} bytes "
+                        f"(`{BODY_LIMIT_EXTENSION}`)"
+                    )
+        app.openapi_schema = doc
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -617,7 +617,7 @@ def write_report(results_dir: Path, out_path: Path) -> Path:
         "# Results",
         "",
         "Produced by `hapi bench report` from the JSON files of `hapi bench all"
-        f"{' --quick' if quick else ''}` (`make bench`); every number below is in `bench-results/`.",
+        f"{' --quick' if quick else ''}` (`make bench`); each run writes the JSON behind every number below to `bench-results/` (made by the run, not kept in the repository).",
         "",
         f"**Our hardware**: {_hardware(present)}",
         "",

@@ -1,0 +1,141 @@
+"""Every code block of the README and of ``docs/`` runs as pasted, or says why it is not run here.
+
+A block of shell or Python is preceded by ``<!-- snippet: NAME -->`` (a test runs it: the
+README's here, ``docs/server.md``'s in ``tests/hapi_server/test_server_docs.py``) or by
+``<!-- shown: REASON -->``. The README's blocks run in order against a stack of their own, as a
+new user pastes them; only addresses and paths are substituted (the stack runs on free ports, in
+a temporary state directory, from a temporary working directory).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from hapi_stack import PORT_SETTINGS
+from tests.hapi_server.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+CODE = {"bash", "sh", "shell", "python", "console"}
+
+#: The snippets each test runs, per document.
+RUN = {
+    "README.md": ["quickstart", "weights", "cli", "own-loop", "recipe", "workers"],
+    "docs/server.md": ["upload", "curl", "decode"],  # tests/hapi_server/test_server_docs.py
+}
+
+_BLOCK = re.compile(r"(?:<!-- (snippet|shown): ([^>]*?) -->\n)?```(\w*)\n(.*?)```", re.S)
+
+
+@dataclass(frozen=True)
+class Block:
+    doc: str
+    mark: str | None  # "snippet", "shown" or None
+    label: str  # the snippet's name, or why it is shown only
+    language: str
+    code: str
+
+
+def blocks(path: Path) -> list[Block]:
+    doc = str(path.relative_to(ROOT))
+    return [
+        Block(doc, mark, (label or "").strip(), language, code)
+        for mark, label, language, code in _BLOCK.findall(path.read_text(encoding="utf-8"))
+    ]
+
+
+def snippet(doc: str, name: str) -> Block:
+    [block] = [b for b in blocks(ROOT / doc) if b.mark == "snippet" and b.label == name]
+    return block
+
+
+def test_every_code_block_is_run_or_says_why() -> None:
+    unmarked, named = [], {}
+    for path in DOCS:
+        for block in blocks(path):
+            if block.language in CODE and (block.mark is None or not block.label):
+                unmarked.append(f"{block.doc}: {block.code.splitlines()[0][:80]}")
+            if block.mark == "snippet":
+                named.setdefault(block.doc, []).append(block.label)
+    assert not unmarked, "code blocks without <!-- snippet: NAME --> or <!-- shown: WHY -->:\n" + (
+        "\n".join(unmarked)
+    )
+    assert {doc: sorted(names) for doc, names in named.items()} == {
+        doc: sorted(names) for doc, names in RUN.items()
+    }
+
+
+@pytest.fixture
+def own_stack(tmp_path: Path) -> dict[str, str]:
+    """Where the README's stack goes: a state directory and a free port per service."""
+    ports = {setting: free_port() for setting in PORT_SETTINGS}
+    flags = " ".join(f"--{s.replace('_', '-')} {p}" for s, p in ports.items())
+    return {
+        "up": f"hapi stack up --state-dir {tmp_path / 'state'} {flags}",
+        "down": f"{ROOT}/.venv/bin/hapi stack down --state-dir {tmp_path / 'state'}",
+        "auth": f"http://127.0.0.1:{ports['proxy_port']}/auth/v1.0",
+        "endpoint": f"http://127.0.0.1:{ports['hapi_port']}",
+        "cwd": str(tmp_path),
+    }
+
+
+def _run_bash(code: str, stack: dict[str, str]) -> str:
+    code = (
+        code.replace("make install", f"make -C {ROOT} install")
+        .replace(".venv/bin/", f"{ROOT}/.venv/bin/")
+        .replace("hapi stack up", stack["up"])
+    )
+    env = {**os.environ, "ST_AUTH": stack["auth"], "HAPI_ENDPOINT": stack["endpoint"]}
+    proc = subprocess.run(  # noqa: S603
+        ["bash", "-euo", "pipefail", "-c", code],
+        cwd=stack["cwd"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    assert proc.returncode == 0, f"{code}\n--- stdout\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout + proc.stderr
+
+
+def _run_python(code: str, stack: dict[str, str]) -> str:
+    code = code.replace("http://127.0.0.1:8080/auth/v1.0", stack["auth"]).replace(
+        "http://127.0.0.1:8090", stack["endpoint"]
+    )
+    proc = subprocess.run(  # noqa: S603
+        [sys.executable, "-c", code],
+        cwd=stack["cwd"],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    assert proc.returncode == 0, f"--- stdout\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+@pytest.mark.slow
+def test_the_readme_runs_as_pasted(own_stack: dict[str, str]) -> None:
+    try:
+        out = _run_bash(snippet("README.md", "quickstart").code, own_stack)
+        assert "eval acc" in out and "split index" in out
+        out = _run_bash(snippet("README.md", "weights").code, own_stack)
+        assert "resnet18" in out
+        out = _run_bash(snippet("README.md", "cli").code, own_stack)
+        assert "finetune" in out and "--batch-size" in out
+        out = _run_python(snippet("README.md", "own-loop").code, own_stack)
+        assert re.search(r"^split \d+: ", out, re.M) and "epoch 2: loss" in out
+        out = _run_python(snippet("README.md", "recipe").code, own_stack)
+        assert "held-out accuracy" in out
+        out = _run_bash(snippet("README.md", "workers").code, own_stack)
+        assert "eval acc" in out, out[-3000:]
+    finally:
+        subprocess.run(own_stack["down"].split(), cwd=own_stack["cwd"], check=False)  # noqa: S603

@@ -178,7 +178,9 @@ def serve(side: StorageSide, commands: IO[str], out: IO[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m hapi_bench.agent_main --cores 1``: run inside the storage namespace."""
-    parser = argparse.ArgumentParser(description="storage side of a shaped HAPI testbed")
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description="storage side of a shaped HAPI testbed"
+    )
     parser.add_argument("--cores", default=None, help="comma-separated server cores")
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)

@@ -242,7 +242,9 @@ def report(row: Row) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__.splitlines()[0] if __doc__ else None
+    )
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--batch", type=int, default=32, help="COS batch size (b_max)")
     parser.add_argument("--http", action=argparse.BooleanOptionalAction, default=True)

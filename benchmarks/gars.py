@@ -201,7 +201,9 @@ def print_table(results: list[dict[str, object]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__.splitlines()[0] if __doc__ else None
+    )
     parser.add_argument("--quick", action="store_true", help="small sweep for smoke testing")
     parser.add_argument("--out", type=Path, default=Path("bench-results/gars.json"))
     parser.add_argument(

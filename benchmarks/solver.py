@@ -163,7 +163,9 @@ def print_table(results: list[dict[str, object]], with_milp: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__.splitlines()[0] if __doc__ else None
+    )
     parser.add_argument("--n", type=int, nargs="*", default=[1, 10, 100])
     parser.add_argument("--no-milp", action="store_true", help="skip the scipy MILP reference")
     parser.add_argument("--seconds", type=float, default=1.0, help="time spent per cell")

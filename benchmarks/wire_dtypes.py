@@ -297,7 +297,9 @@ def thesis_ratio(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__.splitlines()[0] if __doc__ else None
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-results/wire_dtypes.json"))
     parser.add_argument("--accuracy", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--ratio", action=argparse.BooleanOptionalAction, default=True)

@@ -137,7 +137,9 @@ def _save(path: Path, model, opt, schedule, scaler, train: FeatureDataset) -> No
 
 def _parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        allow_abbrev=False,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--endpoint", default="http://127.0.0.1:8090", help="HAPI server")
     p.add_argument("--auth-url", default="http://127.0.0.1:8080/auth/v1.0")

@@ -13,7 +13,7 @@ from .settings import ServerSettings
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hapi-server", description=__doc__)
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="hapi-server", description=__doc__)
     parser.add_argument("--host", help="bind address (HAPI_HOST)")
     parser.add_argument("--port", type=int, help="port (HAPI_PORT)")
     parser.add_argument(

@@ -14,6 +14,7 @@ from .trainer import run_sequence
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="python -m hapi_client.distributed",
         description="One rank of a multi-worker HAPI fine-tuning run (start it under torchrun).",
     )

@@ -67,7 +67,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "tokens) running; give the same settings as the first `up`.",
     )
     start.add_argument(
-        "--host", default=_DEFAULTS.host, help="IPv4 address to listen on (default: %(default)s)"
+        "--host",
+        default=_DEFAULTS.host,
+        help="IPv4 address the proxy and the HAPI server listen on; 0.0.0.0 serves other hosts "
+        "(memcached and Swift's storage servers stay on 127.0.0.1) (default: %(default)s)",
+    )
+    start.add_argument(
+        "--advertise-host",
+        metavar="HOST",
+        help="host name or IPv4 address clients reach the stack at, in the URLs it prints and "
+        "the one the HAPI server reads Swift at (default: --host, or for 0.0.0.0 the address "
+        "of the default route's interface)",
     )
     for setting in PORT_SETTINGS:
         start.add_argument(
@@ -114,6 +124,10 @@ def _config(**fields: object) -> StackConfig:
 def _print_stack(stack: RunningStack) -> None:
     for service in stack.services:
         print(f"  {service.name:<12} pid {service.pid:<8} port {service.port}")
+    if stack.config.host != stack.config.public_host:
+        print(
+            f"Listening: {stack.config.host} (proxy, HAPI); clients use {stack.config.public_host}"
+        )
     print(f"Proxy:     {stack.proxy_url}")
     print(f"Auth:      {stack.auth_url}  (tempauth, v1.0)")
     print(f"Admin:     {stack.admin_user} / {stack.admin_key}")
@@ -127,6 +141,7 @@ def _up(args: argparse.Namespace) -> int:
     config = _config(
         state_dir=args.state_dir,
         host=args.host,
+        advertise_host=args.advertise_host,
         hapi_server=args.hapi_server,
         start_timeout=args.timeout,
         **{setting: getattr(args, setting) for setting in PORT_SETTINGS},

@@ -93,6 +93,21 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch.distributed backend (auto: gloo on CPU, NCCL for GPU tensors)",
     )
     group.add_argument("--worker-log", help="keep torchrun's and the workers' output in this file")
+    group.add_argument(
+        "--channel-bind",
+        metavar="HOST",
+        help="address rank 0's gradient channel listens on: 0.0.0.0 or :: for all interfaces "
+        "(default: 127.0.0.1 when every worker runs on this machine, else all interfaces; "
+        "or HAPI_CHANNEL_BIND on rank 0's node)",
+    )
+    group.add_argument(
+        "--channel-advertise",
+        metavar="HOST",
+        help="host name or address the workers connect to for the gradient channel, resolved "
+        "by each worker (default: the --channel-bind address if given, else torch's "
+        "MASTER_ADDR; or HAPI_CHANNEL_ADVERTISE on rank 0's node); never a loopback address "
+        "when workers run on other nodes",
+    )
 
 
 def _opt(args: argparse.Namespace, name: str, default: Any = None) -> Any:
@@ -148,6 +163,8 @@ def config_from_args(args: argparse.Namespace) -> DistributedConfig:
         straggler_rank=_opt(args, "straggler_rank", workers - 1) if delay > 0 else None,
         straggler_delay_s=delay,
         checksum_every=int(_opt(args, "checksum_every", 50)),
+        channel_bind=_opt(args, "channel_bind"),
+        channel_advertise=_opt(args, "channel_advertise"),
         results_path=_opt(args, "metrics_json"),
         save_path=_opt(args, "save"),
         progress=not _opt(args, "quiet", False),

@@ -32,13 +32,16 @@ def caller_of(
     x_storage_url: Annotated[
         str | None,
         Header(
-            description="the caller's Swift storage URL, `HAPI_SWIFT_URL/v1/<account>` "
-            "(422 without it or for another host)"
+            description="the caller's Swift storage URL, `HAPI_SWIFT_URL/v1/<account>` or "
+            "under one of `HAPI_SWIFT_URL_ALIASES` (422 without it or for another host)"
         ),
     ] = None,
 ) -> Caller:
     """The caller's Swift identity, from the headers; the server holds none of its own."""
-    return parse_caller(x_auth_token, x_storage_url, settings_of(request).swift_url)
+    settings = settings_of(request)
+    return parse_caller(
+        x_auth_token, x_storage_url, settings.swift_url, aliases=settings.swift_origins
+    )
 
 
 StateDep = Annotated[ServerState, Depends(state_of)]

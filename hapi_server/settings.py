@@ -25,10 +25,23 @@ class ServerSettings(CoreSettings, BaseSettings):
         "http://127.0.0.1:8080",
         description="base URL of the Swift proxy; a caller's storage URL must live under it",
     )
+    swift_url_aliases: str | None = Field(
+        None,
+        description="other base URLs of the same Swift proxy, comma separated (e.g. "
+        "`http://127.0.0.1:8080,http://node0:8080` when clients reach it by several names); "
+        "a caller's storage URL may live under any of them, the server still reads only from "
+        "`HAPI_SWIFT_URL`",
+    )
     swift_timeout_s: float = Field(60.0, gt=0, description="timeout of each request to Swift")
     swift_read_concurrency: int = Field(
         8, ge=1, le=1024, description="most Swift reads one request has in flight at once"
     )
+
+    @property
+    def swift_origins(self) -> tuple[str, ...]:
+        """``swift_url`` and its aliases: the origins a caller's storage URL may have."""
+        aliases = (self.swift_url_aliases or "").replace(",", " ").split()
+        return tuple(dict.fromkeys(u.rstrip("/") for u in (self.swift_url, *aliases)))
 
     # Limits of the HTTP front.
     max_request_body_bytes: int = Field(

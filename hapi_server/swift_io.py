@@ -42,17 +42,31 @@ class Caller:
     storage_url: str
 
 
-def parse_caller(token: str | None, storage_url: str | None, swift_url: str) -> Caller:
+def parse_caller(
+    token: str | None,
+    storage_url: str | None,
+    swift_url: str,
+    *,
+    aliases: tuple[str, ...] = (),
+) -> Caller:
+    """The caller of a request; ``storage_url`` must be ``swift_url/v1/<account>``.
+
+    ``aliases`` are other base URLs of the same Swift (``HAPI_SWIFT_URL_ALIASES``: the names and
+    addresses clients reach it by); a storage URL under one of them is accepted, and the
+    server still reads ``swift_url/v1/<account>``.
+    """
     token = check_token(token)
     if not storage_url:
         raise InvalidRequestError("missing X-Storage-Url: send the caller's Swift storage URL")
     base = swift_url.rstrip("/")
     parts = urlsplit(storage_url)
     path = parts.path.rstrip("/")
-    origin = f"{parts.scheme}://{parts.netloc}"
+    origin = f"{parts.scheme}://{parts.netloc}".lower()
+    origins = {base.lower(), *(a.rstrip("/").lower() for a in aliases)}
     # The server only ever talks to its own Swift: a storage URL elsewhere would make it a proxy
-    # to arbitrary hosts (SSRF), so only the account part of the caller's URL is used.
-    if origin != base or not path.startswith("/v1/") or path.count("/") != 2:
+    # to arbitrary hosts (SSRF), so only the account part of the caller's URL is used, and any
+    # other origin than this Swift's own names is refused.
+    if origin not in origins or not path.startswith("/v1/") or path.count("/") != 2:
         raise InvalidRequestError(
             f"X-Storage-Url must be {base}/v1/<account> (this server reads only from its Swift)"
         )

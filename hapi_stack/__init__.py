@@ -14,7 +14,16 @@ Processes are recorded with their start times in ``STATE_DIR/pids.json`` and sto
 are down and keeps the others, memcached's tokens included, running.
 """
 
-from hapi_stack._config import ADMIN_USER, OTHER_USER, PORT_SETTINGS, StackConfig, SwiftUser
+from hapi_stack._config import (
+    ADMIN_USER,
+    OTHER_USER,
+    PORT_SETTINGS,
+    PUBLIC_PORT_SETTINGS,
+    WILDCARD_HOST,
+    StackConfig,
+    SwiftUser,
+    default_advertise_host,
+)
 from hapi_stack._files import HAPI_FILTER, PROXY_PIPELINE, proxy_filters, render_proxy_conf
 from hapi_stack._ports import pick_free_ports, port_in_use
 from hapi_stack._record import ServiceProcess
@@ -42,6 +51,8 @@ __all__ = [
     "OTHER_USER",
     "PORT_SETTINGS",
     "PROXY_PIPELINE",
+    "PUBLIC_PORT_SETTINGS",
+    "WILDCARD_HOST",
     "MissingBinaryError",
     "PortInUseError",
     "RunningStack",
@@ -54,6 +65,7 @@ __all__ = [
     "StackStartError",
     "StackStatus",
     "SwiftUser",
+    "default_advertise_host",
     "down",
     "pick_free_ports",
     "port_in_use",

@@ -67,9 +67,9 @@ def proxy_filters(config: StackConfig) -> tuple[list[str], dict[str, dict[str, s
         if "use" not in options and "paste.filter_factory" not in options:
             defaults["use"] = _HAPI_FILTER_USE
         if config.hapi_server:
-            defaults["hapi_servers"] = f"http://{config.host}:{config.hapi_port}"
+            defaults["hapi_servers"] = f"http://{config.local_host}:{config.hapi_port}"
             # The URL the HAPI server reads Swift at; it refuses storage URLs elsewhere.
-            defaults["swift_url"] = f"http://{config.host}:{config.proxy_port}"
+            defaults["swift_url"] = f"http://{config.public_host}:{config.proxy_port}"
         filters[HAPI_FILTER] = {**defaults, **options}
     return pipeline, filters
 
@@ -94,6 +94,7 @@ def render_proxy_conf(config: StackConfig) -> str:
     extra = "".join(f"{name} " for name in pipeline)
     return _template("proxy-server.conf").substitute(
         host=config.host,
+        local_host=config.local_host,
         port=config.proxy_port,
         user=_run_user(),
         swift_dir=paths.etc,
@@ -109,7 +110,7 @@ def _render_storage_conf(config: StackConfig, server: str) -> str:
     paths = StatePaths.of(config.state_dir)
     return _template("storage-server.conf").substitute(
         server=server,
-        host=config.host,
+        host=config.local_host,
         port=getattr(config, f"{server}_port"),
         user=_run_user(),
         devices=paths.devices,
@@ -121,7 +122,9 @@ def _render_storage_conf(config: StackConfig, server: str) -> str:
 def _ring_fingerprint(config: StackConfig) -> dict[str, object]:
     return {
         "part_power": _PART_POWER,
-        "devices": {s: f"{config.host}:{getattr(config, f'{s}_port')}" for s in _RING_SERVERS},
+        "devices": {
+            s: f"{config.local_host}:{getattr(config, f'{s}_port')}" for s in _RING_SERVERS
+        },
     }
 
 

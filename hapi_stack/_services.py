@@ -74,8 +74,9 @@ def _pythonpath() -> str:
 def stack_services(config: StackConfig) -> list[ServiceSpec]:
     """The processes ``config`` asks for, in start order; raises MissingBinaryError."""
     paths = StatePaths.of(config.state_dir)
-    host = config.host
-    memcached = [_memcached(), "-l", host, "-p", str(config.memcached_port)]
+    # Probes and the stack's own calls go to local_host; clients to the advertised public_host.
+    local = config.local_host
+    memcached = [_memcached(), "-l", local, "-p", str(config.memcached_port)]
     if os.geteuid() == 0:
         memcached += ["-u", "root"]  # memcached refuses to run as root without -u
     services = [ServiceSpec("memcached", tuple(memcached), config.memcached_port, None)]
@@ -83,18 +84,21 @@ def stack_services(config: StackConfig) -> list[ServiceSpec]:
         port: int = getattr(config, f"{server}_port")
         argv = (str(swift_program(f"swift-{server}-server")), str(paths.conf(server)), "-v")
         env = {"PYTHONPATH": _pythonpath()} if server == "proxy" else {}
-        services.append(ServiceSpec(server, argv, port, f"http://{host}:{port}/healthcheck", env))
+        services.append(ServiceSpec(server, argv, port, f"http://{local}:{port}/healthcheck", env))
     if config.hapi_server:
         services.append(
             ServiceSpec(
                 "hapi-server",
                 (sys.executable, "-m", "hapi_server"),
                 config.hapi_port,
-                f"http://{host}:{config.hapi_port}/healthz",
+                f"http://{local}:{config.hapi_port}/healthz",
                 {
-                    "HAPI_HOST": host,
+                    "HAPI_HOST": config.host,
                     "HAPI_PORT": str(config.hapi_port),
-                    "HAPI_SWIFT_URL": f"http://{host}:{config.proxy_port}",
+                    # The URL clients' storage URLs name (tempauth builds them from the host
+                    # called), and the other names of the same proxy.
+                    "HAPI_SWIFT_URL": f"http://{config.public_host}:{config.proxy_port}",
+                    "HAPI_SWIFT_URL_ALIASES": ",".join(config.swift_url_aliases()),
                     "PYTHONPATH": _pythonpath(),
                 },
             )

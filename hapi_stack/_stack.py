@@ -67,8 +67,11 @@ class RunningStack:
 
     @property
     def proxy_url(self) -> str:
-        """Base URL of the Swift proxy, e.g. ``http://127.0.0.1:8080``."""
-        return f"http://{self.config.host}:{self.config.proxy_port}"
+        """Base URL of the Swift proxy as clients call it, e.g. ``http://127.0.0.1:8080``.
+
+        Its host is ``config.public_host`` (the advertised host; never 0.0.0.0).
+        """
+        return f"http://{self.config.public_host}:{self.config.proxy_port}"
 
     @property
     def auth_url(self) -> str:
@@ -80,7 +83,7 @@ class RunningStack:
         """Base URL of the HAPI server, or None when the stack runs without it."""
         if not self.config.hapi_server:
             return None
-        return f"http://{self.config.host}:{self.config.hapi_port}"
+        return f"http://{self.config.public_host}:{self.config.hapi_port}"
 
     @property
     def admin_user(self) -> str:
@@ -206,15 +209,15 @@ def _wait_ready(record: StackRecord, timeout: float) -> None:
             for service in list(pending):
                 if not is_alive(service.process):
                     raise _failure(service, "exited while starting")
-                if probe(client, config.host, service.port, service.health_url):
+                if probe(client, config.local_host, service.port, service.health_url):
                     pending.remove(service)
             if pending and time.monotonic() > deadline:
                 raise _failure(pending[0], f"did not become healthy within {timeout:g} s")
             if pending:
                 time.sleep(_POLL_S)
-        stack = RunningStack(config, tuple(record.services))
+        auth_url = f"http://{config.local_host}:{config.proxy_port}/auth/v1.0"
         proxy = next(s for s in record.services if s.name == "proxy")
-        while (problem := try_auth(client, stack.auth_url, ADMIN_USER)) is not None:
+        while (problem := try_auth(client, auth_url, ADMIN_USER)) is not None:
             if time.monotonic() > deadline:
                 raise _failure(proxy, f"does not authenticate the admin: {problem}")
             time.sleep(_POLL_S)
@@ -222,9 +225,9 @@ def _wait_ready(record: StackRecord, timeout: float) -> None:
 
 def _check_ports(config: StackConfig) -> None:
     for setting in config.active_port_settings():
-        port = getattr(config, setting)
-        if port_in_use(config.host, port):
-            raise PortInUseError(config.host, port, setting)
+        port, host = getattr(config, setting), config.bind_host(setting)
+        if port_in_use(host, port):
+            raise PortInUseError(host, port, setting)
 
 
 def _refuse_other_settings(existing: StackRecord, config: StackConfig, root: Path) -> None:
@@ -288,11 +291,9 @@ def _start_missing(existing: StackRecord, config: StackConfig, paths: StatePaths
     specs = stack_services(existing.config)
     missing = [spec for spec in specs if spec.name not in live]
     for spec in missing:
-        if port_in_use(config.host, spec.port):
-            setting = next(
-                s for s in config.active_port_settings() if getattr(config, s) == spec.port
-            )
-            raise PortInUseError(config.host, spec.port, setting)
+        setting = next(s for s in config.active_port_settings() if getattr(config, s) == spec.port)
+        if port_in_use(config.bind_host(setting), spec.port):
+            raise PortInUseError(config.bind_host(setting), spec.port, setting)
     prepare_state_dir(existing.config)  # same settings: same files, rings kept
     record = existing.model_copy(deep=True)
     current = dict(live)
@@ -329,10 +330,17 @@ def up(config: StackConfig) -> RunningStack:
     services that are down and keeps the others running: this is the recovery path after a
     crash. ``RunningStack.started`` names what it started.
 
+    With ``config.host`` 0.0.0.0 and no ``advertise_host``, the advertised host is chosen
+    first (:func:`~hapi_stack.default_advertise_host`) and recorded with the config.
+
     Raises MissingBinaryError, PortInUseError (before starting anything), StackStartError, or
     StackError when a stack with different settings (even partly) runs in the state directory.
     """
     paths = StatePaths.of(config.state_dir)
+    try:
+        config = config.advertised()
+    except ValueError as exc:
+        raise StackError(str(exc)) from exc
     config = config.model_copy(update={"state_dir": paths.root})
     paths.root.mkdir(parents=True, exist_ok=True)
     with _locked(paths):
@@ -389,7 +397,9 @@ def status(config: StackConfig) -> StackStatus:
     with http_client() as client:
         for service in record.services:
             alive = is_alive(service.process)
-            healthy = alive and probe(client, record.config.host, service.port, service.health_url)
+            healthy = alive and probe(
+                client, record.config.local_host, service.port, service.health_url
+            )
             services.append(
                 ServiceStatus(
                     service.name, service.pid, service.port, alive, healthy, service.log_path

@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass, field
 from types import TracebackType
 
+from .addresses import is_literal as _is_literal
+from .addresses import is_loopback_host, resolve_host
 from .errors import ChannelError, GatherTimeoutError
 from .messages import (
     ENVELOPE,
@@ -70,7 +72,11 @@ class _Peer:
 
 
 class AggregatorChannel:
-    """Rank 0's end: listens, authenticates ``world_size - 1`` workers, gathers, sends updates."""
+    """Rank 0's end: listens, authenticates ``world_size - 1`` workers, gathers, sends updates.
+
+    ``host`` is the address to bind; ``""`` binds every interface (IPv6 and IPv4 where the
+    system can, else IPv4); :mod:`.addresses` says which one a run uses.
+    """
 
     def __init__(
         self,
@@ -86,7 +92,7 @@ class AggregatorChannel:
         self._token = token
         self.io_timeout_s = io_timeout_s
         self.max_frame_bytes = max_frame_bytes
-        self._listener = socket.create_server((host, port), backlog=max(8, world_size))
+        self._listener = _listen(host, port, backlog=max(8, world_size))
         self._selector = selectors.DefaultSelector()
         self._peers: dict[int, _Peer] = {}
         self.disconnected: dict[int, str] = {}
@@ -317,7 +323,8 @@ class WorkerChannel:
             except OSError as exc:
                 if time.monotonic() >= deadline:
                     raise ChannelError(
-                        f"worker {rank} cannot reach the aggregator at {address}: {exc}"
+                        f"worker {rank} cannot reach the aggregator at {address}"
+                        f"{_resolved_here(address[0])}: {exc}"
                     ) from exc
                 time.sleep(0.05)  # retry pacing while the aggregator starts listening
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -396,6 +403,27 @@ class WorkerChannel:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _listen(host: str, port: int, *, backlog: int) -> socket.socket:
+    if host:
+        return socket.create_server((host, port), backlog=backlog)
+    if socket.has_dualstack_ipv6():
+        try:
+            return socket.create_server(
+                ("::", port), family=socket.AF_INET6, backlog=backlog, dualstack_ipv6=True
+            )
+        except OSError:  # IPv6 compiled in but off on this host
+            pass
+    return socket.create_server(("0.0.0.0", port), backlog=backlog)  # noqa: S104
+
+
+def _resolved_here(host: str) -> str:
+    """`` (NAME resolves here to ...)`` for a name, so a wrong /etc/hosts entry shows."""
+    if is_loopback_host(host) or _is_literal(host):
+        return ""
+    found = resolve_host(host)
+    return f" ({host} resolves here to {', '.join(found) if found else 'nothing'})"
 
 
 def _recv_exact(conn: socket.socket, n: int) -> bytes:

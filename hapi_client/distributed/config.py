@@ -13,8 +13,10 @@ channel, the device and backend, and the simulated heterogeneity.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -33,6 +35,9 @@ _MODES: tuple[str, ...] = get_args(Mode)
 _VIAS: tuple[str, ...] = get_args(Via)
 _DEVICES = ("auto", "cpu", "cuda")
 _BACKENDS = ("auto", "gloo", "nccl")
+#: A host name or an IPv4 address (IPv6 ones are checked by ipaddress); short enough to fit
+#: ``host:port`` in the channel's broadcast.
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
 _OPTIONS: dict[str, type[TrainOptions] | type[ExtractOptions]] = {
     "train": TrainOptions,
     "extract": ExtractOptions,
@@ -58,6 +63,13 @@ class DistributedConfig:
 
     Heterogeneity: ``balance`` turns LB-BSP on; ``straggler_rank`` sleeps
     ``straggler_delay_s`` seconds per sample of its batch (a simulated slow GPU).
+
+    Side channel (:mod:`.addresses`): ``channel_bind`` is where rank 0 listens (``0.0.0.0`` or
+    ``::`` for all interfaces; None: 127.0.0.1 when every rank runs on one host, else all
+    interfaces) and ``channel_advertise`` the host name or address the workers connect to (None:
+    the bind address if one is given, else torch's ``MASTER_ADDR``, a name each worker resolves
+    for itself). Rank 0's node may set them with ``HAPI_CHANNEL_BIND``/``HAPI_CHANNEL_ADVERTISE``
+    instead.
     """
 
     model: str
@@ -87,7 +99,8 @@ class DistributedConfig:
     straggler_delay_s: float = 0.0
     checksum_every: int = 50
     max_rounds_per_epoch: int | None = None
-    channel_host: str | None = None
+    channel_bind: str | None = None
+    channel_advertise: str | None = None
     channel_timeout_s: float = 600.0
     results_path: str | None = None
     save_path: str | None = None
@@ -140,6 +153,13 @@ class DistributedConfig:
                 out.append(f"{name} must be a positive number of seconds, got {value}")
         if not (math.isfinite(self.straggler_delay_s) and self.straggler_delay_s >= 0):
             out.append(f"straggler_delay_s must be >= 0, got {self.straggler_delay_s}")
+        for name in ("channel_bind", "channel_advertise"):
+            value = getattr(self, name)
+            if value is not None and not _is_host(value):
+                out.append(
+                    f"{name} must be a host name or an IP address (no scheme, no port), "
+                    f"got {value!r}"
+                )
         if self.attackers and self.attack is None:
             out.append("attackers are given but no attack: set attack (e.g. 'reverse')")
         if len(set(self.attackers)) != len(self.attackers):
@@ -225,3 +245,13 @@ class DistributedConfig:
     @classmethod
     def load(cls, path: str | Path) -> DistributedConfig:
         return cls.from_json(Path(path).read_text())
+
+
+def _is_host(value: str) -> bool:
+    if _NAME.fullmatch(value):
+        return True
+    try:
+        ipaddress.IPv6Address(value.strip("[]"))
+    except ValueError:
+        return False
+    return True

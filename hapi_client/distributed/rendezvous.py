@@ -1,23 +1,28 @@
 """Opening the gradient side channel: rank 0 listens and broadcasts its address and a token.
 
-The aggregator (rank 0) binds a socket, draws a fresh secret token and broadcasts
-``host:port`` and the token over torch.distributed; every other rank connects with them, and
-rank 0 waits until all have.
+The aggregator (rank 0) binds a socket where :func:`~.addresses.choose_channel_address` says,
+draws a fresh secret token and broadcasts ``host:port`` and the token over torch.distributed,
+where ``host`` is the advertised host (a name each worker resolves for itself, as torch's
+``MASTER_ADDR``); every other rank connects with them, and rank 0 waits until all have.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 
 import torch
 import torch.distributed as dist
 
+from .addresses import choose_channel_address
 from .channel import AggregatorChannel, WorkerChannel
 from .config import DistributedConfig
 from .messages import TOKEN_BYTES
 
 __all__ = ["open_channels"]
+
+log = logging.getLogger(__name__)
 
 #: Room for ``host:port`` in the broadcast buffer.
 _ADDRESS_BYTES = 256
@@ -30,13 +35,21 @@ def open_channels(
     buf = torch.zeros(_ADDRESS_BYTES + TOKEN_BYTES, dtype=torch.uint8)
     aggregator: AggregatorChannel | None = None
     if rank == 0:
-        host = config.channel_host or os.environ.get("MASTER_ADDR") or "127.0.0.1"
+        where = choose_channel_address(config.channel_bind, config.channel_advertise, os.environ)
         token = secrets.token_bytes(TOKEN_BYTES)
         aggregator = AggregatorChannel(
-            world, token, host=host, io_timeout_s=config.channel_timeout_s
+            world, token, host=where.bind, io_timeout_s=config.channel_timeout_s
         )
-        bound_host, port = aggregator.address
-        address = f"{bound_host}:{port}".encode()
+        port = aggregator.address[1]
+        log.info(
+            "gradient channel: listening on %s:%d, workers connect to %s:%d (%s)",
+            where.bind or "*",
+            port,
+            where.advertise,
+            port,
+            where.why,
+        )
+        address = f"{where.advertise}:{port}".encode()
         buf[: len(address)] = torch.frombuffer(bytearray(address), dtype=torch.uint8)
         buf[_ADDRESS_BYTES:] = torch.frombuffer(bytearray(token), dtype=torch.uint8)
     dist.broadcast(buf, src=0)
@@ -49,6 +62,7 @@ def open_channels(
         return aggregator, None
     raw = bytes(buf[:_ADDRESS_BYTES].tolist()).rstrip(b"\0").decode()
     host, _, port_text = raw.rpartition(":")
+    host = host.strip("[]")  # an IPv6 address given in brackets
     token = bytes(buf[_ADDRESS_BYTES:].tolist())
     channel = WorkerChannel(
         (host, int(port_text)),

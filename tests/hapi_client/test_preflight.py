@@ -8,11 +8,9 @@ a cut stream).
 
 from __future__ import annotations
 
-import http.server
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -145,7 +143,8 @@ def _request(client_env: ClientEnv, shard: int = 0) -> ExtractRequest:
 
 def _transport(client_env: ClientEnv, url: str, budget_s: float) -> HapiTransport:
     client = client_env.client(retry=RetryPolicy(budget_s=budget_s, max_backoff_s=0.5))
-    return HapiTransport(url, client.swift, retry=client.retry)
+    # A bounded read: a server that never answers fails the test instead of hanging it.
+    return HapiTransport(url, client.swift, retry=client.retry, timeout_s=30.0)
 
 
 BUDGET_S = 4.0
@@ -208,44 +207,70 @@ def test_a_request_sent_during_an_outage_gets_only_what_is_left_of_the_budget(
     assert "(1 attempt over" in str(second.value)  # the outage's budget was already spent
 
 
-class _Faulty(http.server.BaseHTTPRequestHandler):
-    """A server that answers 500, or starts a response and closes the connection."""
-
-    mode = "5xx"
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        self.rfile.read(int(self.headers.get("content-length", 0)))
-        if self.mode == "5xx":
-            body = b'{"detail": "boom", "code": "internal"}'
-            self.send_response(500)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-        else:
-            self.send_response(200)
-            self.send_header("content-length", "100000")
-            self.end_headers()
-            self.wfile.write(b"\0" * 10)
-            self.wfile.flush()
-            self.connection.shutdown(socket.SHUT_RDWR)
-            self.close_connection = True
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-        pass
+#: What the faulty server answers every request with, by mode: a 500, or a 200 whose body stops
+#: after 10 of its announced 100000 bytes.
+_FAULTS = {
+    "5xx": b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\n"
+    b"content-length: 38\r\nconnection: close\r\n\r\n"
+    b'{"detail": "boom", "code": "internal"}',
+    "cut": b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\nconnection: close\r\n\r\n" + b"\0" * 10,
+}
 
 
-@pytest.fixture
-def faulty_server() -> Iterator[http.server.ThreadingHTTPServer]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Faulty)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        thread.join()
-        server.server_close()
+class _FaultyServer:
+    """Answers each connection's one request with a fault, then closes it.
+
+    Plain sockets, one connection at a time: every step is explicit, so nothing is left
+    half-open for a client to wait on (an ``http.server`` version once left an accepted
+    connection unread and the client waiting for its read timeout).
+    """
+
+    def __init__(self, mode: str) -> None:
+        self.answer = _FAULTS[mode]
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self.stopping = False
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            conn, _ = self.listener.accept()
+            with conn:
+                if self.stopping:
+                    return
+                self._answer(conn)
+
+    def _answer(self, conn: socket.socket) -> None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = next(
+            (
+                int(line.split(b":", 1)[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            ),
+            0,
+        )
+        while len(body) < length:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return
+            body += chunk
+        conn.sendall(self.answer)
+        conn.shutdown(socket.SHUT_RDWR)
+
+    def stop(self) -> None:
+        # Closing the listener does not wake a thread blocked in accept(): a connection does.
+        self.stopping = True
+        socket.create_connection(("127.0.0.1", self.port)).close()
+        self.thread.join()
+        self.listener.close()
 
 
 @pytest.mark.parametrize(
@@ -254,16 +279,16 @@ def faulty_server() -> Iterator[http.server.ThreadingHTTPServer]:
 )
 def test_the_error_names_the_cause_that_was_seen(
     client_env: ClientEnv,
-    faulty_server: http.server.ThreadingHTTPServer,
     mode: str,
     cause: str,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_Faulty, "mode", mode)
-    url = f"http://127.0.0.1:{faulty_server.server_address[1]}"
-    transport = _transport(client_env, url, 0.5)
-    with pytest.raises(ServerUnavailableError) as failed:
-        transport.extract(_request(client_env))
-    transport.close()
+    server = _FaultyServer(mode)
+    transport = _transport(client_env, f"http://127.0.0.1:{server.port}", 0.5)
+    try:
+        with pytest.raises(ServerUnavailableError) as failed:
+            transport.extract(_request(client_env))
+    finally:
+        transport.close()
+        server.stop()
     message = _one_line(failed.value)
     assert cause in message and "likely down" not in message

@@ -83,19 +83,20 @@ def test_auto_through_the_swift_filter_uses_the_filters_timings(
 def test_via_swift_without_the_filter_is_refused_before_any_post(
     client_env: ClientEnv,
 ) -> None:
-    """The session's plain proxy has no HAPI filter: ``auto`` falls back to Algorithm 2 and says
-    why, and an extraction is refused before its POST, which Swift would take for a metadata
-    update of the shard (202, the shard's metadata dropped)."""
+    """The session's plain proxy has no HAPI filter: the dataset's preflight refuses it at once,
+    for ``auto`` and a fixed split alike, before any POST, which Swift would take for a
+    metadata update of the shard (202, the shard's metadata dropped)."""
+    conn = client_env.stack.connection()
+    objects = conn.get_container(client_env.train)[1]
+    name = next(o["name"] for o in objects if o["name"].endswith(".tar"))
     with client_env.client(via="swift") as client:
-        ds = _alexnet(client_env, client, "auto")
-        assert ds.decision.rule == "thesis"
-        assert "no HAPI filter" in ds.decision.reason
-        shard = ds.manifest.shards[0].name
-        before = client_env.stack.connection().head_object(client_env.train, shard)
-        with pytest.raises(ConfigurationError, match="no HAPI filter"):
-            next(iter(_alexnet(client_env, client, 3)))
-        after = client_env.stack.connection().head_object(client_env.train, shard)
-        assert after["last-modified"] == before["last-modified"]
+        before = conn.head_object(client_env.train, name)
+        for split in ("auto", 3):
+            with pytest.raises(ConfigurationError, match="no HAPI filter"):
+                _alexnet(client_env, client, split)
+        after = conn.head_object(client_env.train, name)
+    conn.close()
+    assert after["last-modified"] == before["last-modified"]
 
 
 def test_a_resumed_auto_dataset_ends_its_epoch_on_the_saved_split_then_plans_afresh(

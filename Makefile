@@ -11,7 +11,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # in apt 2.6 (checked: it fails at once), hence the retry loop around `update`.
 APT_GET := apt-get -o DPkg::Lock::Timeout=600
 
-.PHONY: install system-deps demo test lint bench stack-up stack-down clean compose-check
+.PHONY: install system-deps demo test lint bench stack-up stack-down clean compose-check swift-functional
 
 install: $(STAMP) system-deps
 
@@ -63,6 +63,12 @@ stack-up: install
 # removes what it started (about 15 min here; not part of `make test`). See docs/docker.md.
 compose-check:
 	bash scripts/compose_check.sh
+
+# Swift's own functional tests through a proxy without the HAPI filter, with it decoupled and with
+# it in_proxy; the three runs must pass, fail and skip the same tests (about 8 min here; not part
+# of `make test`). See docs/swift-functional.md.
+swift-functional: $(STAMP)
+	bash scripts/swift_functional.sh
 
 stack-down:
 	$(VENV)/bin/hapi stack down

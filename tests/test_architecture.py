@@ -15,21 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.project import PACKAGES
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"
 
-#: Import name -> folder (two packages live in folders of another name).
-FOLDERS = {
-    "hapi_contract": "hapi_contract",
-    "hapi_models": "models",
-    "hapi_core": "hapi_core",
-    "hapi_server": "hapi_server",
-    "swift_middleware": "swift_middleware",
-    "hapi_client": "hapi_client",
-    "hapi_stack": "hapi_stack",
-    "hapi_bench": "benchmarks",
-    "hapi_cli": "hapi_cli",
-}
+FOLDERS = PACKAGES
 
 
 def allowed_arrows() -> dict[str, set[str]]:

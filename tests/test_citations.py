@@ -10,28 +10,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from tests.project import PACKAGES
+
 ROOT = Path(__file__).resolve().parent.parent
 
 #: What a reader cannot open: a line of a seed file, a section of the seeds' digest.
 FORBIDDEN = re.compile(r"\[00\d:|digest D\d|DESIGN\.md|seeds-digest")
 
-#: Folders and top-level files searched. (hapi_server, swift_middleware and hapi_core join once
-#: their citations are converted.)
-SEARCHED = (
-    "models",
-    "hapi_contract",
-    "hapi_core",
-    "hapi_server",
-    "swift_middleware",
-    "hapi_client",
-    "hapi_cli",
-    "hapi_stack",
-    "benchmarks",
-    "examples",
-    "docs",
-    "tests",
-    "README.md",
-)
+#: Folders and top-level files searched: every package, the examples, the docs and the tests.
+SEARCHED = (*PACKAGES.values(), "examples", "docs", "tests", "README.md")
 SUFFIXES = {".py", ".md", ".rst", ".txt", ".toml", ".yml", ".yaml"}
 
 

@@ -12,27 +12,15 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.project import PACKAGES
 
-#: The project's packages, by folder. (hapi_server, swift_middleware and hapi_core join once the
-#: server's errors are the core's.)
-PACKAGES = (
-    "models",
-    "hapi_contract",
-    "hapi_core",
-    "hapi_server",
-    "swift_middleware",
-    "hapi_client",
-    "hapi_cli",
-    "hapi_stack",
-    "benchmarks",
-)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def error_classes() -> dict[str, list[str]]:
     """Class name ending in ``Error`` -> where each class of that name is defined."""
     found: dict[str, list[str]] = defaultdict(list)
-    for package in PACKAGES:
+    for package in PACKAGES.values():
         for path in sorted((ROOT / package).rglob("*.py")):
             tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
             for node in ast.walk(tree):
@@ -42,7 +30,7 @@ def error_classes() -> dict[str, list[str]]:
 
 
 def test_the_packages_are_there() -> None:
-    for package in PACKAGES:
+    for package in PACKAGES.values():
         assert (ROOT / package / "__init__.py").is_file(), package
     assert "HapiClientError" in error_classes()
 

@@ -87,6 +87,14 @@ def show_status(quiet: bool) -> None:
 def _run(args: argparse.Namespace) -> int:
     show_status(bool(getattr(args, "quiet", False)))
     if getattr(args, "workers", 1) > 1:
+        if getattr(args, "verify_fraction", 0.0):
+            from hapi_client import ConfigurationError
+
+            # The multi-worker trainer streams through each worker's own loader, which does not
+            # recompute shards: refuse rather than run unverified while the flag says otherwise.
+            raise ConfigurationError(
+                "--verify-fraction works with one process only, not with --workers"
+            )
         return workers.run_from_args(args)
     import hapi_models
 
@@ -117,6 +125,7 @@ def _run(args: argparse.Namespace) -> int:
             extract=extract,
             device=args.device,
             progress=not args.quiet,
+            verify_fraction=args.verify_fraction,
         )
     if result.split is not None:
         print(
@@ -148,6 +157,14 @@ def _run(args: argparse.Namespace) -> int:
     if args.metrics_json:
         Path(args.metrics_json).write_text(result.to_json())
     return 0
+
+
+def _fraction(text: str) -> float:
+    """A number in [0, 1] (argparse's ``type``: a ValueError is its usage error)."""
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -219,6 +236,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="compression of the feature stream",
     )
     p.add_argument("--no-cache", action="store_true", help="re-extract features every epoch")
+    p.add_argument(
+        "--verify-fraction",
+        type=_fraction,
+        default=0.0,
+        metavar="F",
+        help="recompute a random fraction F of the shards locally and fail when the server's "
+        "features differ beyond the wire dtype's rounding (those shards are also downloaded raw)",
+    )
     p.add_argument(
         "--bandwidth-mbit",
         type=float,

@@ -9,7 +9,6 @@ scheduler evicts them when a planning round would otherwise defer a request.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -38,7 +37,6 @@ class WeightsCache:
     def __init__(self, idle_budget_bytes: int) -> None:
         self.idle_budget_bytes = idle_budget_bytes
         self._entries: OrderedDict[CacheKey, CachedModel] = OrderedDict()
-        self._loading: dict[CacheKey, asyncio.Lock] = {}
 
     def resident_bytes(self, device: Device) -> int:
         return sum(e.nbytes for e in self._entries.values() if e.key[3] == device.name)
@@ -48,9 +46,6 @@ class WeightsCache:
         if entry is not None:
             self._entries.move_to_end(key)
         return entry
-
-    def lock_for(self, key: CacheKey) -> asyncio.Lock:
-        return self._loading.setdefault(key, asyncio.Lock())
 
     def insert(self, key: CacheKey, model: hapi_models.SplittableModel, etag: str) -> CachedModel:
         nbytes = sum(p.numel() * p.element_size() for p in model.parameters()) + sum(

@@ -12,6 +12,7 @@ per rank, else gloo on the CPU. Rank 0 saves the fine-tuned model.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import time
@@ -32,57 +33,66 @@ def main() -> None:
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     cuda = torch.cuda.is_available() and torch.cuda.device_count() >= local_world
     dist.init_process_group("nccl" if cuda else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
-    credentials = SwiftCredentials(args.auth_url, args.user, args.key)
     try:
-        with HapiClient(args.endpoint, credentials) as client:
-            # Rank and world size come from torch.distributed; with split="auto" rank 0 measures
-            # and chooses the split, and every rank uses it.
-            train = FeatureDataset(
-                client,
-                args.container,
-                args.model,
-                batch_size=args.batch_size,
-                split=args.split,
-                image_size=args.image_size,
-                seed=args.seed,
-            )
-            local = train.local_model(device)
-            model = DistributedDataParallel(local, device_ids=[device.index] if cuda else None)
-            opt = torch.optim.SGD(local.trainable_parameters(), lr=args.lr, momentum=0.9)
-            for epoch in range(args.epochs):
-                train.set_epoch(epoch)
-                model.train()
-                start, seen, batches, total_loss = time.perf_counter(), 0, 0, 0.0
-                for features, labels in train:
-                    features, labels = features.to(device), labels.to(device)
-                    loss = F.cross_entropy(model(features), labels)
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()  # DDP all-reduces the gradients here
-                    opt.step()
-                    seen += len(labels)
-                    batches += 1
-                    total_loss += loss.item() * len(labels)
-                # On the training device: NCCL reduces only CUDA tensors.
-                totals = torch.tensor(
-                    [seen, batches, total_loss], dtype=torch.float64, device=device
-                )
-                dist.all_reduce(totals)
-                if rank == 0:
-                    _say(
-                        f"epoch {epoch + 1}: {int(totals[0])} samples in {batches} batches per rank "
-                        f"x {world} ranks, loss {totals[2] / totals[0]:.3f}, "
-                        f"{time.perf_counter() - start:.1f} s"
-                    )
-                _say(f"rank {rank}: {seen} samples, {batches} batches")
-            if rank == 0:
-                digest = hapi_models.save_weights(local.full_model().cpu(), args.output)
-                _say(f"saved {args.output} (sha256 {digest[:12]}...)")
+        _train(args, device, cuda)
+        # Every rank leaves together: none tears its group down while another still uses it.
+        dist.barrier()
     finally:
+        # The DDP wrapper holds a reference to the process group. It went out of scope with
+        # _train; collecting it here, and not at interpreter exit (where gloo's worker threads
+        # can outlive the interpreter and abort the process, as CI saw once), lets destroy
+        # drop the last reference while the interpreter is whole.
+        gc.collect()
         dist.destroy_process_group()
+
+
+def _train(args: argparse.Namespace, device: torch.device, cuda: bool) -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    credentials = SwiftCredentials(args.auth_url, args.user, args.key)
+    with HapiClient(args.endpoint, credentials) as client:
+        # Rank and world size come from torch.distributed; with split="auto" rank 0 measures
+        # and chooses the split, and every rank uses it.
+        train = FeatureDataset(
+            client,
+            args.container,
+            args.model,
+            batch_size=args.batch_size,
+            split=args.split,
+            image_size=args.image_size,
+            seed=args.seed,
+        )
+        local = train.local_model(device)
+        model = DistributedDataParallel(local, device_ids=[device.index] if cuda else None)
+        opt = torch.optim.SGD(local.trainable_parameters(), lr=args.lr, momentum=0.9)
+        for epoch in range(args.epochs):
+            train.set_epoch(epoch)
+            model.train()
+            start, seen, batches, total_loss = time.perf_counter(), 0, 0, 0.0
+            for features, labels in train:
+                features, labels = features.to(device), labels.to(device)
+                loss = F.cross_entropy(model(features), labels)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()  # DDP all-reduces the gradients here
+                opt.step()
+                seen += len(labels)
+                batches += 1
+                total_loss += loss.item() * len(labels)
+            # On the training device: NCCL reduces only CUDA tensors.
+            totals = torch.tensor([seen, batches, total_loss], dtype=torch.float64, device=device)
+            dist.all_reduce(totals)
+            if rank == 0:
+                _say(
+                    f"epoch {epoch + 1}: {int(totals[0])} samples in {batches} batches per rank "
+                    f"x {world} ranks, loss {totals[2] / totals[0]:.3f}, "
+                    f"{time.perf_counter() - start:.1f} s"
+                )
+            _say(f"rank {rank}: {seen} samples, {batches} batches")
+        if rank == 0:
+            digest = hapi_models.save_weights(local.full_model().cpu(), args.output)
+            _say(f"saved {args.output} (sha256 {digest[:12]}...)")
 
 
 def _say(line: str) -> None:

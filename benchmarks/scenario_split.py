@@ -47,7 +47,7 @@ def stored_bytes_per_sample(per_class: int) -> tuple[float, str]:
 
 def run_split(out_dir: str, quick: bool = True) -> int:
     """The ``split`` scenario; writes ``split.json``, ``split.csv`` and ``split.png``."""
-    archs = ["alexnet", "resnet18", "efficientnet_lite0"] if quick else hapi_models.list_models()
+    archs = ["alexnet", "resnet18", "efficientnet_lite0"] if quick else hapi_models.thesis_models()
     input_bytes, spec = stored_bytes_per_sample(2 if quick else 10)
     results = ResultSet.start(
         "split",

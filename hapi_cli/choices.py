@@ -14,7 +14,6 @@ from __future__ import annotations
 from hapi_client.retry import DEFAULT_RETRY_BUDGET_S
 
 __all__ = [
-    "ARCHITECTURES",
     "DEFAULT_AUTH_URL",
     "DEFAULT_ENDPOINT",
     "DEFAULT_RETRY_BUDGET_S",
@@ -22,17 +21,6 @@ __all__ = [
     "MODES",
     "SOURCE_SPEC_HELP",
 ]
-
-#: ``hapi_models.list_models()``: the registry's architectures, sorted.
-ARCHITECTURES: tuple[str, ...] = (
-    "alexnet",
-    "densenet121",
-    "efficientnet_lite0",
-    "resnet18",
-    "resnet50",
-    "vgg11",
-    "vgg19",
-)
 
 #: ``hapi_client.MODES``: the fine-tuning modes.
 MODES: tuple[str, ...] = ("hapi", "baseline", "all_in_cos")

@@ -7,7 +7,6 @@ import json
 import time
 from typing import TYPE_CHECKING
 
-from .choices import ARCHITECTURES
 from .parsers import RawDescriptionDefaultsHelpFormatter
 from .upload_cmd import add_upload_subcommand, connect
 
@@ -40,16 +39,18 @@ def _stored_sha256(conn: Connection, container: str, arch: str) -> str | None:
 
 
 def _upload_model(args: argparse.Namespace) -> int:
+    import hapi_models
+
     from hapi_client import upload_model
     from hapi_client.model_store import PACKAGED_WEIGHTS, TORCHVISION_WEIGHTS
 
+    # Before connecting: an unknown architecture is refused with the registry's names.
+    hapi_models.get_spec(args.arch)
     if args.weights not in (None, PACKAGED_WEIGHTS, TORCHVISION_WEIGHTS):
-        import hapi_models
-
         # Before connecting: a file that cannot be a checkpoint (text, a device, too large...)
         # is refused at once, reading only its first bytes.
         hapi_models.check_checkpoint(args.weights)
-    conn = connect(args)  # --arch is checked by the parser (choices), before connecting
+    conn = connect(args)
     start = time.perf_counter()
     try:
         previous = _stored_sha256(conn, args.container, args.arch)
@@ -95,9 +96,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--arch",
         required=True,
-        choices=ARCHITECTURES,
         metavar="ARCH",
-        help=f"one of: {', '.join(ARCHITECTURES)}",
+        help="a registry architecture: `hapi models` lists them (the thesis' seven and every "
+        "torchvision classification network); any timm model as timm/NAME",
     )
     parser.add_argument(
         "--weights",

@@ -52,6 +52,8 @@ def model_footprint(arch: str, num_classes: int) -> ModelFootprint:
 
     Nothing is allocated, so a 100000-class VGG19 costs a few milliseconds here, where building
     it costs seconds and gigabytes: the planner and the size checks run on this figure first.
+    A RegNet cannot be built on the meta device (see ``hapi_models.zoo.graph_families``) and
+    costs its CPU build once per class count.
     """
     with torch.device("meta"):
         skeleton = hapi_models.get_spec(arch).builder(num_classes, False)
@@ -121,9 +123,13 @@ class MemoryEstimator:
             skeleton = hapi_models.get_spec(arch).builder(num_classes, False)
         try:
             prof = hapi_models.profile(skeleton, shape)
-        except RuntimeError as exc:  # e.g. a crop too small for the network's pooling
+        # A crop too small for the network's pooling (RuntimeError), or not the one size a
+        # ViT's position embedding takes (torch._assert's AssertionError).
+        except (RuntimeError, AssertionError) as exc:
+            crop = hapi_models.get_spec(arch).transform.crop
             raise InvalidRequestError(
-                f"{arch} cannot run on {shape[1]}x{shape[2]} inputs: {str(exc).splitlines()[0]}"
+                f"{arch} cannot run on {shape[1]}x{shape[2]} inputs (its own transform crops "
+                f"{crop}x{crop}): {str(exc).splitlines()[0]}"
             ) from exc
         with self._lock:
             self._profiles[key] = prof

@@ -17,9 +17,11 @@ from .errors import (
     CheckpointError,
     ChecksumMismatchError,
     HapiModelError,
+    PluginError,
     PretrainedWeightsUnavailableError,
     SplitIndexError,
     UnknownModelError,
+    UntraceableModelError,
     WeightsError,
 )
 from .finetune import (
@@ -30,8 +32,10 @@ from .finetune import (
     set_modes,
     train_batches,
 )
+from .graph_split import GraphLayers, split_graph
 from .profiling import LayerProfile, ModelProfile, profile
-from .registry import ModelSpec, get_model, get_spec, list_models
+from .registry import ModelSpec, SplitLayout, get_model, get_spec, list_models, thesis_models
+from .split_points import SplitPoint, split_points
 from .splittable import SplittableModel
 from .transforms import ImageDecodeError, InputTransform, decode_image
 from .weights import (
@@ -53,16 +57,21 @@ __all__ = [
     "prepare_for_finetuning",
     "set_modes",
     "train_batches",
+    "GraphLayers",
     "HapiModelError",
     "ImageDecodeError",
     "InputTransform",
     "LayerProfile",
     "ModelProfile",
     "ModelSpec",
+    "PluginError",
     "PretrainedWeightsUnavailableError",
     "SplitIndexError",
+    "SplitLayout",
+    "SplitPoint",
     "SplittableModel",
     "UnknownModelError",
+    "UntraceableModelError",
     "WeightsError",
     "check_checkpoint",
     "checkpoint_format",
@@ -77,6 +86,9 @@ __all__ = [
     "read_weights_file",
     "save_weights",
     "sha256_hex",
+    "split_graph",
+    "split_points",
+    "thesis_models",
     "torchvision_weights",
     "weights_to_bytes",
 ]

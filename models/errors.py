@@ -44,3 +44,15 @@ class ChecksumMismatchError(WeightsError):
 
 class PretrainedWeightsUnavailableError(WeightsError):
     """Pretrained weights were asked for an architecture that has none offline."""
+
+
+class UntraceableModelError(HapiModelError):
+    """A network HAPI cannot cut into layers: torch.fx cannot trace it, it takes more than one
+    input, or it returns something other than one tensor. The message names the network and
+    the cause."""
+
+
+class PluginError(HapiModelError):
+    """An architecture plugin (the ``hapi.models`` entry-point group) that cannot be used: it
+    raises on import, or its builder returns something that is not an ``nn.Module``. The
+    message names the plugin, the package that installed it and the cause."""

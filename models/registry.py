@@ -1,13 +1,24 @@
-"""The model registry: architecture name -> builder of a :class:`SplittableModel`."""
+"""The model registry: architecture name -> builder of a :class:`SplittableModel`.
+
+Three sources fill it. The thesis' seven networks are cut by hand (:mod:`.zoo`, Table 5.2) and
+registered on import. Every other torchvision classification network, every timm network
+(named ``timm/<name>``) and every architecture an operator installs through the ``hapi.models``
+entry-point group (:mod:`.plugins`) is cut at the split points of its graph
+(:mod:`.graph_split`) and registered the first time a name is asked for: discovering them
+imports torchvision, timm or the plugin, which ``import hapi_models`` must not pay.
+"""
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from typing import NamedTuple
 
-from .errors import UnknownModelError
+from .errors import PluginError, UnknownModelError
 from .splittable import SplittableModel
 from .transforms import InputTransform
 
@@ -17,24 +28,56 @@ Builder = Callable[[int, bool], SplittableModel]
 """``builder(num_classes, pretrained) -> SplittableModel``."""
 
 
+class SplitLayout(NamedTuple):
+    """An architecture's split points: one name per layer and the default freeze index."""
+
+    layer_names: tuple[str, ...]
+    default_freeze_index: int
+
+
 @dataclass(frozen=True)
 class ModelSpec:
-    """An architecture: its builder and ``layer_names``, the split points the builder makes."""
+    """An architecture: its builder and the split points the builder makes.
+
+    ``layout`` is the :class:`SplitLayout` itself (hand-cut networks) or a function computing it
+    (networks cut at their graph's split points: tracing waits until someone asks).
+    ``family`` says where the architecture comes from: ``thesis``, ``torchvision``, ``timm`` or
+    ``plugin:<distribution>``.
+    """
 
     name: str
     builder: Builder
-    default_freeze_index: int
-    layer_names: tuple[str, ...]
+    layout: SplitLayout | Callable[[], SplitLayout]
     transform: InputTransform
     has_pretrained: bool
     description: str
+    family: str = "thesis"
+
+    @cached_property
+    def _layout(self) -> SplitLayout:
+        return self.layout if isinstance(self.layout, SplitLayout) else self.layout()
+
+    @property
+    def layer_names(self) -> tuple[str, ...]:
+        return self._layout.layer_names
+
+    @property
+    def default_freeze_index(self) -> int:
+        return self._layout.default_freeze_index
 
     @property
     def num_layers(self) -> int:
         return len(self.layer_names)
 
 
+Resolver = Callable[[str], "ModelSpec | None"]
+"""A family's lookup of one name it may know (timm's thousand names are not listed up front)."""
+
 _REGISTRY: dict[str, ModelSpec] = {}
+_RESOLVERS: list[Resolver] = []
+_BROKEN: dict[str, PluginError] = {}
+_discovered = False
+_discovery = threading.Lock()
 
 
 def register(spec: ModelSpec) -> None:
@@ -43,16 +86,70 @@ def register(spec: ModelSpec) -> None:
     _REGISTRY[spec.name] = spec
 
 
+def is_registered(name: str) -> bool:
+    """Whether ``name`` is registered already (no discovery)."""
+    return name in _REGISTRY
+
+
+def register_resolver(resolver: Resolver) -> None:
+    """Add a family that resolves names on demand (tried in order after the registry)."""
+    _RESOLVERS.append(resolver)
+
+
+def mark_broken(name: str, error: PluginError) -> None:
+    """Remember an architecture whose plugin failed: asking for it raises ``error``."""
+    _BROKEN[name] = error
+
+
+def _discover() -> None:
+    """Register the torchvision family and the plugins, once per process."""
+    global _discovered
+    with _discovery:
+        if _discovered:
+            return
+        from . import plugins  # noqa: PLC0415 - importing plugins is what discovery costs
+        from .zoo import graph_families  # noqa: PLC0415
+
+        graph_families.register_torchvision()
+        plugins.register_plugins()
+        _discovered = True
+
+
 def list_models() -> list[str]:
-    """Names of every registered architecture, sorted."""
+    """Names of every listed architecture, sorted: the thesis' seven, every torchvision
+    classification network and every installed plugin's (timm's are named on demand)."""
+    _discover()
     return sorted(_REGISTRY)
 
 
+def thesis_models() -> list[str]:
+    """The seven hand-cut networks of the thesis (Table 5.2), sorted; no discovery."""
+    return sorted(name for name, spec in _REGISTRY.items() if spec.family == "thesis")
+
+
 def get_spec(name: str) -> ModelSpec:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise UnknownModelError(name, list_models()) from None
+    """The architecture ``name``.
+
+    Raises:
+        UnknownModelError: no family knows the name (the message lists the registry).
+        PluginError: the name belongs to a plugin that failed to load.
+    """
+    spec = _REGISTRY.get(name)
+    if spec is not None:
+        return spec
+    _discover()
+    if name in _BROKEN:
+        raise _BROKEN[name]
+    spec = _REGISTRY.get(name)
+    if spec is None:
+        for resolve in _RESOLVERS:
+            spec = resolve(name)
+            if spec is not None:
+                _REGISTRY.setdefault(name, spec)
+                break
+    if spec is None:
+        raise UnknownModelError(name, sorted(_REGISTRY))
+    return spec
 
 
 def get_model(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..registry import ModelSpec, register
+from ..registry import ModelSpec, SplitLayout, register
 from ..splittable import SplittableModel
 from ..transforms import InputTransform
 from ._common import named_layers, no_offline_weights, torchvision_factory
@@ -52,8 +52,7 @@ register(
     ModelSpec(
         name="densenet121",
         builder=_build,
-        default_freeze_index=FREEZE,
-        layer_names=LAYER_NAMES,
+        layout=SplitLayout(LAYER_NAMES, FREEZE),
         transform=IMAGENET,
         has_pretrained=False,
         description="torchvision densenet121, one layer per dense block, transitions flattened",

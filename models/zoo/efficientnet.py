@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ..errors import WeightsError
-from ..registry import ModelSpec, register
+from ..registry import ModelSpec, SplitLayout, register
 from ..splittable import SplittableModel
 from ..transforms import InputTransform
 from ._common import named_layers
@@ -122,8 +122,7 @@ register(
     ModelSpec(
         name=ARCH,
         builder=_build,
-        default_freeze_index=FREEZE,
-        layer_names=LAYER_NAMES,
+        layout=SplitLayout(LAYER_NAMES, FREEZE),
         transform=TRANSFORM,
         has_pretrained=True,
         description="EfficientNet-Lite0 (timm) with packaged ImageNet weights; one layer per block",

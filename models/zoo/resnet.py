@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..registry import ModelSpec, register
+from ..registry import ModelSpec, SplitLayout, register
 from ..splittable import SplittableModel
 from ..transforms import InputTransform
 from ._common import named_layers, no_offline_weights, pool_then_flatten, torchvision_factory
@@ -55,8 +55,7 @@ for _arch, _freeze, _blocks in (
         ModelSpec(
             name=_arch,
             builder=_builder(_arch, _freeze, _names),
-            default_freeze_index=_freeze,
-            layer_names=_names,
+            layout=SplitLayout(_names, _freeze),
             transform=IMAGENET,
             has_pretrained=False,
             description=f"torchvision {_arch}, one layer per residual block ({len(_names)} layers)",

@@ -9,16 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 
-import hapi_models
 from hapi_bench.demo import DemoConfig
 
 import hapi_client
 from hapi_cli import choices
 from hapi_client.datasets import SOURCE_SPEC_HELP
-
-
-def test_architectures_are_the_registry() -> None:
-    assert list(choices.ARCHITECTURES) == hapi_models.list_models()
 
 
 def test_modes_are_the_client_s() -> None:

@@ -19,8 +19,19 @@ EXPECTED = {
 }
 
 
-def test_registry_lists_every_model() -> None:
-    assert hm.list_models() == sorted(EXPECTED)
+def test_the_thesis_networks_keep_their_hand_cut_layers() -> None:
+    # Table 5.2's numbering: every result in the README stays comparable.
+    assert hm.thesis_models() == sorted(EXPECTED)
+    assert all(hm.get_spec(name).family == "thesis" for name in EXPECTED)
+
+
+def test_registry_lists_every_torchvision_classification_network() -> None:
+    import torchvision.models
+
+    listed = hm.list_models()
+    assert listed == sorted(listed)
+    assert set(torchvision.models.list_models(module=torchvision.models)) <= set(listed)
+    assert set(EXPECTED) <= set(listed)
 
 
 def test_unknown_model_names_the_known_ones() -> None:

@@ -1,0 +1,193 @@
+"""Networks cut at their graph's split points: every torchvision classification network and timm's.
+
+The thesis' networks keep their hand-cut layers (and their Table 5.2 numbering); every other
+name torchvision lists among its classification models is registered here, and any timm model
+resolves as ``timm/<name>``. Each is built as its library builds it (``num_classes`` heads
+included), then cut by :func:`~hapi_models.graph_split.split_graph`; its input transform is
+the one of its library's pretrained weights.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import PretrainedWeightsUnavailableError
+from ..graph_split import split_graph
+from ..registry import ModelSpec, SplitLayout, is_registered, register, register_resolver
+from ..splittable import SplittableModel
+from ..transforms import InputTransform
+
+log = logging.getLogger(__name__)
+
+TIMM_PREFIX = "timm/"
+
+# GoogLeNet and Inception-v3 train an auxiliary classifier that their eval graph never runs; it
+# is left out (so no layer holds it) and their inputs are re-normalised as torchvision's
+# pretrained weights expect. init_weights=False skips scipy's slow truncated-normal init.
+_TORCHVISION_OPTIONS: dict[str, dict[str, Any]] = {
+    "googlenet": {"aux_logits": False, "init_weights": False, "transform_input": True},
+    "inception_v3": {"aux_logits": False, "init_weights": False, "transform_input": True},
+}
+
+NetFactory = Callable[[int], nn.Module]
+"""``factory(num_classes) -> nn.Module``: the library's network, randomly initialised."""
+
+
+def graph_spec(
+    name: str,
+    factory: NetFactory,
+    transform: InputTransform,
+    *,
+    family: str,
+    description: str,
+    tracer_kwargs: Mapping[str, Any] | None = None,
+) -> ModelSpec:
+    """The spec of a network cut at its graph's split points (torchvision, timm, plugins)."""
+
+    def build(num_classes: int, pretrained: bool) -> SplittableModel:
+        if pretrained:
+            raise PretrainedWeightsUnavailableError(
+                f"{name} has no weights packaged with HAPI: pass a checkpoint file "
+                "(`hapi upload model --weights FILE`; for torchvision's own, `--weights torchvision`)"
+            )
+        net = construct(factory, num_classes)
+        cut = split_graph(net, name, transform.input_shape, tracer_kwargs=tracer_kwargs)
+        return SplittableModel(
+            name,
+            list(zip(cut.names, cut.layers, strict=True)),
+            default_freeze_index=cut.classifier_index,
+            transform=transform,
+            num_classes=num_classes,
+            native=net,
+        )
+
+    def layout() -> SplitLayout:
+        with torch.device("meta"):  # shapes only: no memory, no initialisation
+            net = construct(factory, 1000)
+        cut = split_graph(net, name, transform.input_shape, tracer_kwargs=tracer_kwargs)
+        return SplitLayout(cut.names, cut.classifier_index)
+
+    return ModelSpec(
+        name=name,
+        builder=build,
+        layout=layout,
+        transform=transform,
+        has_pretrained=False,
+        description=description,
+        family=family,
+    )
+
+
+def construct(factory: NetFactory, num_classes: int) -> nn.Module:
+    """``factory(num_classes)`` on the current default device, in eval mode.
+
+    A builder that computes with tensors while it builds (torchvision's RegNets size their
+    stages with ``torch.pow``) cannot run on the meta device; it is built on the CPU and then
+    moved there.
+    """
+    try:
+        return factory(num_classes).eval()
+    except NotImplementedError:
+        if torch.get_default_device().type != "meta":
+            raise
+    with torch.device("cpu"):
+        net = factory(num_classes)
+    return net.to("meta").eval()
+
+
+def _torchvision_factory(name: str, transform: InputTransform) -> NetFactory:
+    options = dict(_TORCHVISION_OPTIONS.get(name, {}))
+    if name.startswith("vit_"):
+        # A ViT's position embedding fixes its input size: that of its weights (ViT-H/14's
+        # are 518 pixels), so that they load.
+        options["image_size"] = transform.crop
+
+    def factory(num_classes: int) -> nn.Module:
+        from torchvision import models  # noqa: PLC0415 - torchvision is slow to import
+
+        return models.get_model(name, weights=None, num_classes=num_classes, **options)
+
+    return factory
+
+
+def _torchvision_transform(name: str) -> InputTransform:
+    from torchvision.models import get_model_weights  # noqa: PLC0415
+
+    preset = get_model_weights(name).DEFAULT.transforms()  # type: ignore[attr-defined]
+    # HAPI's transform resizes bilinearly; the few networks whose weights were evaluated with
+    # bicubic resizing (Swin, MaxViT) see slightly different pixels, as any bilinear pipeline.
+    return InputTransform(
+        resize=int(preset.resize_size[0]),
+        crop=int(preset.crop_size[0]),
+        mean=tuple(preset.mean),  # type: ignore[arg-type]
+        std=tuple(preset.std),  # type: ignore[arg-type]
+    )
+
+
+def register_torchvision() -> None:
+    """Register every torchvision classification network the thesis' zoo does not cut by hand."""
+    import torchvision.models  # noqa: PLC0415
+
+    for name in torchvision.models.list_models(module=torchvision.models):
+        if is_registered(name):
+            continue  # hand-cut (Table 5.2)
+        transform = _torchvision_transform(name)
+        register(
+            graph_spec(
+                name,
+                _torchvision_factory(name, transform),
+                transform,
+                family="torchvision",
+                description=f"torchvision {name}, cut at its graph's split points",
+            )
+        )
+
+
+def _timm_tracer_kwargs() -> dict[str, Any]:
+    from timm.models import get_notrace_functions, get_notrace_modules  # noqa: PLC0415
+
+    return {
+        "leaf_modules": list(get_notrace_modules()),
+        "autowrap_functions": tuple(get_notrace_functions()),
+    }
+
+
+def resolve_timm(name: str) -> ModelSpec | None:
+    """``timm/<model>``: any model timm can create, cut at its graph's split points."""
+    if not name.startswith(TIMM_PREFIX):
+        return None
+    model = name.removeprefix(TIMM_PREFIX)
+    import timm  # noqa: PLC0415
+
+    if not timm.is_model(model):
+        return None
+    cfg = timm.models.get_pretrained_cfg(model)
+    if cfg is None:  # a model without a pretrained configuration: timm's defaults
+        cfg = timm.models.PretrainedCfg()
+    _, height, _ = cfg.input_size
+    transform = InputTransform(
+        resize=round(height / cfg.crop_pct),
+        crop=height,
+        mean=tuple(cfg.mean),  # type: ignore[arg-type]
+        std=tuple(cfg.std),  # type: ignore[arg-type]
+    )
+
+    def factory(num_classes: int) -> nn.Module:
+        return timm.create_model(model, pretrained=False, num_classes=num_classes)  # type: ignore[no-any-return]
+
+    return graph_spec(
+        name,
+        factory,
+        transform,
+        family="timm",
+        description=f"timm {model}, cut at its graph's split points",
+        tracer_kwargs=_timm_tracer_kwargs(),
+    )
+
+
+register_resolver(resolve_timm)

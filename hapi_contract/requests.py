@@ -68,6 +68,9 @@ MAX_OBJECT_NAME_BYTES = 1024
 # work one request can ask for; the server applies its own, usually tighter, settings on top.
 _MAX_BATCH = 100_000
 _MAX_LAYERS = 10_000
+#: An architecture's name: a registry name (``vit_b_16``), or a family's ``family/name``
+#: (``timm/convnext_atto``, timm's tags included: ``timm/vit_small_patch16_224.augreg_in21k``).
+ARCH_PATTERN = r"^[a-z0-9_]+(/[a-z0-9_.]+)?$"
 _MAX_SHARDS = 10_000
 _MAX_JSON_INT = 2**53 - 1
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
@@ -245,7 +248,7 @@ class WeightsRef(_Model):
 class ModelRef(_Model):
     """Which registry architecture to build, with how many classes and which weights."""
 
-    arch: Annotated[StrictStr, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9_]+$")] = Field(
+    arch: Annotated[StrictStr, Field(min_length=1, max_length=128, pattern=ARCH_PATTERN)] = Field(
         description="a registry architecture; a server's OpenAPI document lists them as an enum "
         "and `GET /v1/models` describes them (422 for another)"
     )

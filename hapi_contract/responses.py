@@ -10,7 +10,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
-from .requests import _INTEGRAL, _MAX_LAYERS, TransformSpec, _LayerIndex, _Model
+from .requests import _INTEGRAL, _MAX_LAYERS, ARCH_PATTERN, TransformSpec, _LayerIndex, _Model
 
 __all__ = [
     "DeviceHealth",
@@ -37,7 +37,7 @@ class ErrorBody(BaseModel):
 class ModelInfo(_Model):
     """One entry of ``GET /v1/models``."""
 
-    name: Annotated[StrictStr, Field(pattern=r"^[a-z0-9_]+$")]
+    name: Annotated[StrictStr, Field(pattern=ARCH_PATTERN)]
     num_layers: Annotated[StrictInt, Field(ge=1, le=_MAX_LAYERS), _INTEGRAL]
     default_freeze_index: _LayerIndex
     layer_names: list[StrictStr]

@@ -190,6 +190,14 @@ def _dataset(conn: Connection, creds: SwiftCredentials, container: str) -> tuple
     return manifest.num_samples, len(manifest.shards)
 
 
+def _known(arch: str) -> bool:
+    try:
+        hapi_models.get_spec(arch)
+    except hapi_models.HapiModelError:
+        return False
+    return True
+
+
 def _model(conn: Connection, creds: SwiftCredentials, ref: str | StoredModel) -> str:
     from .model_store import StoredModel
 
@@ -209,14 +217,13 @@ def _model(conn: Connection, creds: SwiftCredentials, ref: str | StoredModel) ->
             _, body = conn.get_object(container, f"{name}.json")
         except ClientException as exc:
             if exc.http_status == 404:
-                known = name in hapi_models.list_models()
                 raise SwiftAccessError(
                     f"model {ref} is not in Swift ({descriptor}: 404): "
                     + (
                         f"upload it with {upload}"
-                        if known
-                        else f"upload one with `hapi upload model --arch ARCH` (ARCH one of "
-                        f"{', '.join(hapi_models.list_models())})"
+                        if _known(name)
+                        else "upload one with `hapi upload model --arch ARCH` (`hapi models` "
+                        "lists the architectures)"
                     )
                 ) from exc
             raise _refused(exc, creds, descriptor) from exc
@@ -227,10 +234,10 @@ def _model(conn: Connection, creds: SwiftCredentials, ref: str | StoredModel) ->
                 f"{descriptor} is not a model descriptor ({exc}): upload the model again with "
                 f"{upload}"
             ) from exc
-    if stored.arch not in hapi_models.list_models():
+    if not _known(stored.arch):
         raise ConfigurationError(
             f"model {stored.name} is a {stored.arch!r}, which this client does not know "
-            f"(it knows {', '.join(hapi_models.list_models())})"
+            "(`hapi models` lists the architectures it knows; a plugin's must be installed here too)"
         )
     try:
         conn.head_object(stored.container, stored.object)

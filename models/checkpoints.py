@@ -231,7 +231,16 @@ def _densenet_key(key: str) -> str:
 _DENSE_LEGACY = re.compile(
     r"^(.*denselayer\d+\.(?:norm|relu|conv))\.((?:[12])\.(?:weight|bias|running_mean|running_var))$"
 )
-_LEGACY_KEYS: dict[str, Callable[[str], str]] = {"densenet121": _densenet_key}
+_LEGACY_KEYS: dict[str, Callable[[str], str]] = {
+    name: _densenet_key for name in ("densenet121", "densenet161", "densenet169", "densenet201")
+}
+# The auxiliary classifiers that GoogLeNet and Inception-v3 train and their eval graph never runs
+# (the models are built without them; see hapi_models.zoo.graph_families): torchvision's files
+# hold their weights, which are dropped rather than refused as unknown.
+_UNUSED_PREFIXES: dict[str, tuple[str, ...]] = {
+    "googlenet": ("aux1.", "aux2."),
+    "inception_v3": ("AuxLogits.",),
+}
 
 
 def import_weights(
@@ -250,6 +259,8 @@ def import_weights(
         probe = get_model(arch, num_classes=1000)
     native_keys = probe.native_keys
     state = _strip_prefix(dict(state), set(native_keys) | set(native_keys.values()))
+    unused = _UNUSED_PREFIXES.get(arch, ())
+    state = {k: v for k, v in state.items() if not k.startswith(unused)}
     if fix := _LEGACY_KEYS.get(arch):
         state = {fix(k): v for k, v in state.items()}
     ours = _to_layer_keys(state, native_keys)

@@ -87,6 +87,20 @@ def test_torchvision_state_dicts_load_by_native_names(arch: str, tmp_path: Path)
         torch.testing.assert_close(model(x), native(x))
 
 
+def test_auxiliary_classifiers_in_torchvision_files_are_dropped(tmp_path: Path) -> None:
+    # torchvision's Inception-v3 file holds AuxLogits, which the eval graph never runs.
+    torch.manual_seed(4)
+    native = torchvision.models.inception_v3(
+        weights=None, aux_logits=True, init_weights=False, transform_input=True
+    ).eval()
+    path = tmp_path / "inception.pth"
+    torch.save(native.state_dict(), path)
+    model = hm.import_weights("inception_v3", hm.read_checkpoint(path))
+    x = torch.randn(1, 3, 299, 299)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), native(x))
+
+
 def test_weights_of_another_architecture_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "regnet.pth"
     torch.save(torchvision.models.regnet_y_400mf().state_dict(), path)

@@ -73,11 +73,12 @@ def admit_model(
     within its layers, and weights named (422 otherwise)."""
     try:
         spec = hapi_models.get_spec(ref.arch)
-    except hapi_models.UnknownModelError as exc:
+        num_layers = spec.num_layers  # a network cut at its graph's split points is traced here
+    except hapi_models.HapiModelError as exc:  # unknown, untraceable, or a plugin that fails
         raise InvalidRequestError(str(exc)) from exc
-    if split is not None and not 0 <= split <= spec.num_layers:
+    if split is not None and not 0 <= split <= num_layers:
         raise InvalidRequestError(
-            f"{what} {split} out of range for {ref.arch}: must be in [0, {spec.num_layers}]"
+            f"{what} {split} out of range for {ref.arch}: must be in [0, {num_layers}]"
         )
     if ref.weights is None:
         raise InvalidRequestError(

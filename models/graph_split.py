@@ -7,7 +7,7 @@ Swin and MaxViT trace too) records the network as a graph of nodes in execution 
 named by its module path. Walking that order, a position is a *split point* when exactly one
 value computed so far is still needed later and that value is a tensor: everything after the
 position depends on the input only through that tensor, so the head can stop there and ship it
-(thesis §3.2: the split layer's output is what crosses the network). Residual blocks, dense
+(thesis §5.4: the split layer's output is what crosses the network). Residual blocks, dense
 blocks and attention blocks are atomic by construction, since their skip connections keep two
 values alive inside them.
 

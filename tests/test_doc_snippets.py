@@ -27,7 +27,8 @@ CODE = {"bash", "sh", "shell", "python", "console"}
 
 #: The snippets each test runs, per document.
 RUN = {
-    "README.md": ["quickstart", "weights", "cli", "own-loop", "recipe", "workers"],
+    "README.md": ["quickstart", "weights", "cli", "own-loop", "vit-upload", "vit-loop"]
+    + ["recipe", "workers"],
     "docs/server.md": ["upload", "curl", "decode"],  # tests/hapi_server/test_server_docs.py
 }
 
@@ -133,6 +134,10 @@ def test_the_readme_runs_as_pasted(own_stack: dict[str, str]) -> None:
         assert "finetune" in out and "--batch-size" in out
         out = _run_python(snippet("README.md", "own-loop").code, own_stack)
         assert re.search(r"^split \d+: ", out, re.M) and "epoch 2: loss" in out
+        out = _run_bash(snippet("README.md", "vit-upload").code, own_stack)
+        assert "vit_b_16" in out
+        out = _run_python(snippet("README.md", "vit-loop").code, own_stack)
+        assert "epoch 3: loss" in out and "0 KB received" in out
         out = _run_python(snippet("README.md", "recipe").code, own_stack)
         assert "held-out accuracy" in out
         out = _run_bash(snippet("README.md", "workers").code, own_stack)

@@ -75,33 +75,37 @@ class SplittableModel(nn.Module):
             layer.requires_grad_(i >= index)
 
     def replace_classifier(self, num_classes: int, *, seed: int = 0) -> None:
-        """Give the last layer's final ``nn.Linear`` ``num_classes`` outputs, freshly initialised.
+        """Give the last layer's classifier ``num_classes`` outputs, freshly initialised.
 
-        Transfer learning keeps the pretrained features and learns a new head; the seed makes
-        the new head identical wherever it is built (client or server).
+        The classifier is the last layer's final ``nn.Linear``, or, in a network without one
+        (SqueezeNet), its final 1x1 ``nn.Conv2d``. Transfer learning keeps the pretrained
+        features and learns a new head; the seed makes the new head identical wherever it is
+        built (client or server).
         """
-        last = self.layers[-1]
-        container, name, linear = None, None, None
-        if isinstance(last, nn.Linear):
-            linear = last
-        else:
-            for parent in last.modules():
-                for child_name, child in parent.named_children():
-                    if isinstance(child, nn.Linear):
-                        container, name, linear = parent, child_name, child
-        if linear is None:
-            raise ValueError(f"{self.arch}: the last layer has no nn.Linear to replace")
+        # The layers after the classifier hold no parameters (SqueezeNet's pool and flatten).
+        found, index = None, self.num_layers
+        while found is None and index > self.default_freeze_index:
+            index -= 1
+            layer = self.layers[index]
+            found = _last_classifier(layer, nn.Linear) or _last_classifier(layer, nn.Conv2d)
+        if found is None:
+            raise ValueError(f"{self.arch}: no trainable layer holds a classifier to replace")
+        container, name, old = found
         generator_state = torch.random.get_rng_state()
         try:
             torch.manual_seed(seed)
-            new = nn.Linear(linear.in_features, num_classes)
+            if isinstance(old, nn.Linear):
+                new: nn.Module = nn.Linear(old.in_features, num_classes)
+            else:
+                assert isinstance(old, nn.Conv2d)
+                new = nn.Conv2d(old.in_channels, num_classes, kernel_size=1)
         finally:
             torch.random.set_rng_state(generator_state)
-        new = new.to(linear.weight.device)
+        new = new.to(old.weight.device)
         if container is None:
-            self.layers[-1] = new
+            self.layers[index] = new
         else:
-            setattr(container, name, new)  # type: ignore[arg-type]
+            setattr(container, name, new)
         self.num_classes = num_classes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -111,6 +115,25 @@ class SplittableModel(nn.Module):
 
     def extra_repr(self) -> str:
         return f"arch={self.arch}, num_layers={self.num_layers}, freeze={self.default_freeze_index}"
+
+
+def _last_classifier(
+    layer: nn.Module, kind: type[nn.Module]
+) -> tuple[nn.Module | None, str, nn.Module] | None:
+    """``(parent, attribute, module)`` of the last ``kind`` module in ``layer`` (parent None:
+    ``layer`` itself), or None. A 1x1 kernel is required of a convolution."""
+    if isinstance(layer, kind) and _is_head(layer):
+        return None, "", layer
+    found = None
+    for parent in layer.modules():
+        for child_name, child in parent.named_children():
+            if isinstance(child, kind) and _is_head(child):
+                found = (parent, child_name, child)
+    return found
+
+
+def _is_head(module: nn.Module) -> bool:
+    return not isinstance(module, nn.Conv2d) or tuple(module.kernel_size) == (1, 1)
 
 
 def _shared_keys(native: nn.Module, model: nn.Module) -> dict[str, str]:

@@ -66,13 +66,16 @@ def test_split_points_are_module_paths_and_the_classifier_is_trainable() -> None
     assert trainable and all(n.startswith(f"layers.{model.num_layers - 1}.") for n in trainable)
 
 
-def test_a_new_head_replaces_the_classifier() -> None:
-    model = hm.get_model("regnet_y_400mf", num_classes=1000)
+# SqueezeNet's classifier is a 1x1 convolution, followed by a pool and a flatten.
+@pytest.mark.parametrize("arch", ["regnet_y_400mf", "squeezenet1_1"])
+def test_a_new_head_replaces_the_classifier(arch: str) -> None:
+    model = hm.get_model(arch, num_classes=1000)
     model.replace_classifier(3, seed=1)
     assert model(torch.randn(1, 3, 64, 64)).shape == (1, 3)
-    again = hm.get_model("regnet_y_400mf", num_classes=1000)
+    again = hm.get_model(arch, num_classes=1000)
     again.replace_classifier(3, seed=1)
-    torch.testing.assert_close(model.layers[-1].state_dict(), again.layers[-1].state_dict())
+    head = model.default_freeze_index
+    torch.testing.assert_close(model.layers[head].state_dict(), again.layers[head].state_dict())
 
 
 @pytest.mark.parametrize("arch", ["mobilenet_v3_small", "vit_b_16"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+
 
 class HapiModelError(Exception):
     """Base class of every error raised by the model zoo."""
@@ -11,7 +13,12 @@ class UnknownModelError(HapiModelError, KeyError):
     """The requested architecture is not in the registry."""
 
     def __init__(self, name: str, known: list[str]) -> None:
-        super().__init__(f"unknown model {name!r}; registered models: {', '.join(known)}")
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        super().__init__(
+            f"unknown model {name!r}{hint} ({len(known)} architectures are registered: "
+            "`hapi models` lists them; any timm model is timm/NAME)"
+        )
         self.name = name
         self.known = known
 

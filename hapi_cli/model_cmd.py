@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from typing import TYPE_CHECKING
+
+from hapi_contract.requests import ARCH_PATTERN
 
 from .parsers import RawDescriptionDefaultsHelpFormatter
 from .upload_cmd import add_upload_subcommand, connect
@@ -36,6 +39,15 @@ def _stored_sha256(conn: Connection, container: str, arch: str) -> str | None:
     except (ValueError, AttributeError):  # not a descriptor: it is replaced all the same
         return "unreadable"
     return str(sha) if sha else None
+
+
+def _arch_name(value: str) -> str:
+    # The name's form only, without torch; whether the registry knows it is checked next.
+    if not re.fullmatch(ARCH_PATTERN, value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not an architecture name ([a-z0-9_], or FAMILY/NAME as timm/convnext_atto)"
+        )
+    return value
 
 
 def _upload_model(args: argparse.Namespace) -> int:
@@ -97,6 +109,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--arch",
         required=True,
         metavar="ARCH",
+        type=_arch_name,
         help="a registry architecture: `hapi models` lists them (the thesis' seven and every "
         "torchvision classification network); any timm model as timm/NAME",
     )

@@ -75,6 +75,7 @@ Resolver = Callable[[str], "ModelSpec | None"]
 
 _REGISTRY: dict[str, ModelSpec] = {}
 _RESOLVERS: list[Resolver] = []
+_RESOLVED: dict[str, ModelSpec] = {}
 _BROKEN: dict[str, PluginError] = {}
 _discovered = False
 _discovery = threading.Lock()
@@ -140,12 +141,14 @@ def get_spec(name: str) -> ModelSpec:
     _discover()
     if name in _BROKEN:
         raise _BROKEN[name]
-    spec = _REGISTRY.get(name)
+    spec = _REGISTRY.get(name) or _RESOLVED.get(name)
     if spec is None:
         for resolve in _RESOLVERS:
             spec = resolve(name)
             if spec is not None:
-                _REGISTRY.setdefault(name, spec)
+                # Kept (its layout is traced once) but not listed: list_models stays the same
+                # whatever names were asked for.
+                spec = _RESOLVED.setdefault(name, spec)
                 break
     if spec is None:
         raise UnknownModelError(name, sorted(_REGISTRY))

@@ -91,7 +91,8 @@ def test_half_precision_within_tolerance(
 
 
 def test_models_health_metrics_openapi(hapi_server: ServerProcess) -> None:
-    models = httpx.get(f"{hapi_server.url}/v1/models").json()
+    # The first listing traces every network's graph: tens of seconds on two cores.
+    models = httpx.get(f"{hapi_server.url}/v1/models", timeout=600).json()
     by_name = {m["name"]: m for m in models}
     assert (
         by_name["resnet18"]["num_layers"] == 14 and by_name["alexnet"]["default_freeze_index"] == 17

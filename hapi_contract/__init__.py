@@ -6,23 +6,32 @@ with tensors are submodules, imported explicitly by who needs them (and they imp
 
 * :mod:`hapi_contract.frames`: the framed tensor stream codec (the layout: ``docs/frames.md``);
 * :mod:`hapi_contract.epochs`: the order in which an epoch visits samples.
+
+:mod:`hapi_contract.layouts` specifies the datasets indexed in place (``folder``, ``webdataset``).
 """
 
-from . import dataset, errors, http, profile, requests, responses, timings
+from . import dataset, errors, http, layouts, profile, requests, responses, timings
 from .dataset import *  # noqa: F403
 from .errors import *  # noqa: F403
 from .http import *  # noqa: F403
+from .layouts import *  # noqa: F403
 from .profile import *  # noqa: F403
 from .requests import *  # noqa: F403
 from .responses import *  # noqa: F403
 from .timings import *  # noqa: F403
 
-__all__ = [
-    *dataset.__all__,
-    *errors.__all__,
-    *http.__all__,
-    *profile.__all__,
-    *requests.__all__,
-    *responses.__all__,
-    *timings.__all__,
-]
+# dict.fromkeys: layouts re-exports DatasetLayout beside the layouts it describes.
+__all__ = list(
+    dict.fromkeys(
+        [
+            *dataset.__all__,
+            *errors.__all__,
+            *http.__all__,
+            *layouts.__all__,
+            *profile.__all__,
+            *requests.__all__,
+            *responses.__all__,
+            *timings.__all__,
+        ]
+    )
+)

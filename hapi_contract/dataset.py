@@ -15,17 +15,29 @@ A dataset is one Swift container holding:
 * ``manifest.json``: a :class:`DatasetManifest` (UTF-8 JSON), written after every shard it lists
   exists, so a reader that sees a manifest can read every shard in it.
 
+That is the ``shards`` :class:`DatasetLayout`, the one ``hapi upload dataset`` writes. A manifest
+may instead index data already in Swift, in place (``hapi dataset index``): its ``layout`` is then
+``webdataset`` (existing tar shards of any size, read by a tolerant reader) or ``folder`` (one
+object per image, listed in *part* objects), and ``data_container`` names where the data objects
+lie when that is not the manifest's own container. Those formats are specified in
+:mod:`hapi_contract.layouts`. A manifest of the ``shards`` layout serialises exactly as before
+the in-place layouts existed (the new fields are left out at their defaults), so its bytes and
+etag do not change.
+
 Reading a shard never touches the disk: :func:`read_shard` walks the archive in memory and
 rejects anything that is not exactly this format (see :class:`ShardFormatError`).
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import io
 import re
 import tarfile
+import unicodedata
 from collections.abc import Iterable
+from enum import StrEnum
 from typing import Final, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -41,9 +53,11 @@ __all__ = [
     "MANIFEST_FORMAT_VERSION",
     "MANIFEST_NAME",
     "MAX_MANIFEST_BYTES",
+    "MAX_OBJECT_NAME_BYTES",
     "SHARD_CONTENT_TYPE",
     "SHARD_PREFIX",
     "DatasetFormatError",
+    "DatasetLayout",
     "DatasetManifest",
     "InvalidManifestError",
     "ShardFormatError",
@@ -52,6 +66,7 @@ __all__ = [
     "image_extension_of",
     "images_in_prefix",
     "md5_hex",
+    "object_name_problem",
     "parse_manifest",
     "read_shard",
     "sample_key",
@@ -77,9 +92,10 @@ _MAX_LABEL = 10**9 - 1
 _END_MARKER_BYTES = 2 * tarfile.BLOCKSIZE
 _KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _LABEL_RE = re.compile(rb"\s*([0-9]{1,9})\s*")
-_SHARD_NAME_RE = re.compile(r"shards/shard-[0-9]{6,}\.tar")
 _ETAG_RE = re.compile(r"[0-9a-f]{32}")
 _CONTAINER_RE = re.compile(r"[^/]{1,256}")
+# Swift's default max_object_name_length, in UTF-8 bytes.
+MAX_OBJECT_NAME_BYTES: Final = 1024
 _MAGIC: dict[str, tuple[bytes, ...]] = {
     "jpg": (b"\xff\xd8\xff",),
     "png": (b"\x89PNG\r\n\x1a\n",),
@@ -87,6 +103,36 @@ _MAGIC: dict[str, tuple[bytes, ...]] = {
 # Fixed member metadata: identical samples must give byte-identical shards (same etag in Swift).
 _MTIME = 0
 _MODE = 0o644
+
+
+class DatasetLayout(StrEnum):
+    """How a dataset's samples lie in Swift (the manifest's ``layout``)."""
+
+    SHARDS = "shards"
+    """Shards written by ``hapi upload dataset`` in the strict format of this module."""
+    WEBDATASET = "webdataset"
+    """Existing WebDataset tar shards (plain or gzip), indexed in place."""
+    FOLDER = "folder"
+    """One object per image, indexed in place; the manifest's shards are part objects."""
+
+
+def object_name_problem(name: str) -> str | None:
+    """Why ``name`` may not be a dataset object name, or None when it may.
+
+    A name is refused when it is empty or longer than Swift's 1024 UTF-8 bytes, holds a control
+    character (it would corrupt logs, listings and error messages), or has a ``.`` or ``..``
+    segment (a proxy or a client library may normalise those away and read another object).
+    """
+    if not name:
+        return "empty object name"
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_OBJECT_NAME_BYTES:
+        return f"object name longer than {MAX_OBJECT_NAME_BYTES} bytes"
+    for char in name:
+        if unicodedata.category(char) in ("Cc", "Cs"):
+            return f"object name holds the control character {char!r}"
+    if any(segment in (".", "..") for segment in name.split("/")):
+        return "object name has a '.' or '..' path segment"
+    return None
 
 
 class DatasetFormatError(ContractError, ValueError):
@@ -102,7 +148,11 @@ class InvalidManifestError(DatasetFormatError):
 
 
 class ShardSample(NamedTuple):
-    """One sample of a shard: ``key``, encoded ``image_bytes``, ``ext`` ("jpg"|"png"), ``label``."""
+    """One sample of a shard: ``key``, encoded ``image_bytes``, ``ext``, ``label``.
+
+    ``ext`` is ``"jpg"`` or ``"png"``; the in-place layouts add ``"webp"`` (a ``.jpeg`` is
+    ``"jpg"``).
+    """
 
     key: str
     image_bytes: bytes
@@ -345,9 +395,12 @@ class ShardInfo(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(description="object name, e.g. shards/shard-000000.tar")
+    name: str = Field(
+        description="object name: shards/shard-000000.tar for uploaded shards; for the in-place "
+        "layouts any object name (a WebDataset tar in the data container, or a part object)"
+    )
     samples: int = Field(ge=1, description="number of samples in the shard")
-    bytes: int = Field(ge=1, description="size of the shard tar object in bytes")
+    bytes: int = Field(ge=1, description="size of the shard (or part) object in bytes")
     etag: str = Field(description="MD5 of the object, lowercase hex, as Swift reports it")
     first_index: int = Field(ge=0, description="global index of the shard's first sample")
     image_bytes: int = Field(ge=0, description="sum of the encoded image sizes in the shard")
@@ -355,8 +408,10 @@ class ShardInfo(BaseModel):
     @field_validator("name")
     @classmethod
     def _name_pattern(cls, value: str) -> str:
-        if not _SHARD_NAME_RE.fullmatch(value):
-            raise ValueError(f"shard name {value!r} does not look like shards/shard-NNNNNN.tar")
+        # The uploaded layout's stricter pattern is checked by the manifest, which knows the layout.
+        problem = object_name_problem(value)
+        if problem is not None:
+            raise ValueError(f"shard name {value!r}: {problem}")
         return value
 
     @field_validator("etag")
@@ -376,6 +431,12 @@ class DatasetManifest(BaseModel):
       dataset takes as stored images;
     * ``mean_shard_bytes_per_sample``: total shard tar bytes / samples, including the tar headers,
       padding and ``.cls`` members: what the raw-streaming baseline really transfers per sample.
+      For the ``folder`` layout that is the image objects themselves, so both means are equal
+      (the part objects are the index, not data the baseline streams).
+
+    ``shard_size`` is the number of samples of every shard but the last, except for the
+    ``webdataset`` layout, whose existing shards hold any number: there it is the largest
+    shard's count. Shards are found by ``first_index`` (:meth:`shard_of`) in every layout.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -389,12 +450,27 @@ class DatasetManifest(BaseModel):
     mean_image_bytes_per_sample: float = Field(ge=0)
     mean_shard_bytes_per_sample: float = Field(gt=0)
     source: str = Field(default="", max_length=4096, description="where the samples came from")
+    layout: DatasetLayout = Field(
+        default=DatasetLayout.SHARDS, description="how the samples lie in Swift"
+    )
+    data_container: str | None = Field(
+        default=None,
+        description="container of the data objects (images or WebDataset tars) when it is not "
+        "the manifest's own; the folder layout's part objects lie beside the manifest",
+    )
+    label_field: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="webdataset layout: the field of each sample's .json member that holds the "
+        "label (None: the .cls or .txt member)",
+    )
 
-    @field_validator("name")
+    @field_validator("name", "data_container")
     @classmethod
-    def _name_pattern(cls, value: str) -> str:
-        if not _CONTAINER_RE.fullmatch(value):
-            raise ValueError("name must be 1-256 characters without '/'")
+    def _name_pattern(cls, value: str | None) -> str | None:
+        if value is not None and not _CONTAINER_RE.fullmatch(value):
+            raise ValueError("container names are 1-256 characters without '/'")
         return value
 
     @field_validator("classes")
@@ -408,19 +484,31 @@ class DatasetManifest(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> DatasetManifest:
+        if self.layout is DatasetLayout.SHARDS and self.data_container is not None:
+            raise ValueError("data_container is for the in-place layouts only")
+        if self.label_field is not None and self.layout is not DatasetLayout.WEBDATASET:
+            raise ValueError("label_field is for the webdataset layout only")
+        any_size = self.layout is DatasetLayout.WEBDATASET
         expected_index = 0
+        names: set[str] = set()
         for position, shard in enumerate(self.shards):
-            if shard.name != shard_name(position):
+            if self.layout is DatasetLayout.SHARDS and shard.name != shard_name(position):
                 raise ValueError(f"shard {position} must be named {shard_name(position)!r}")
+            if shard.name in names:
+                raise ValueError(f"shard {shard.name!r} is listed twice")
+            names.add(shard.name)
             if shard.first_index != expected_index:
                 raise ValueError(
                     f"shard {shard.name}: first_index {shard.first_index} != {expected_index}"
                 )
             last = position == len(self.shards) - 1
-            if shard.samples > self.shard_size or (not last and shard.samples != self.shard_size):
+            if shard.samples > self.shard_size or (
+                not any_size and not last and shard.samples != self.shard_size
+            ):
+                rule = "at most" if any_size else "every shard but the last must hold exactly"
                 raise ValueError(
-                    f"shard {shard.name}: {shard.samples} samples; every shard but the last "
-                    f"must hold exactly shard_size={self.shard_size}"
+                    f"shard {shard.name}: {shard.samples} samples; {rule} "
+                    f"shard_size={self.shard_size}"
                 )
             expected_index += shard.samples
         if expected_index != self.num_samples:
@@ -428,7 +516,11 @@ class DatasetManifest(BaseModel):
                 f"shards hold {expected_index} samples but num_samples={self.num_samples}"
             )
         image_mean = sum(s.image_bytes for s in self.shards) / self.num_samples
-        shard_mean = sum(s.bytes for s in self.shards) / self.num_samples
+        shard_mean = (
+            image_mean
+            if self.layout is DatasetLayout.FOLDER
+            else sum(s.bytes for s in self.shards) / self.num_samples
+        )
         for field, stored, actual in (
             ("mean_image_bytes_per_sample", self.mean_image_bytes_per_sample, image_mean),
             ("mean_shard_bytes_per_sample", self.mean_shard_bytes_per_sample, shard_mean),
@@ -446,6 +538,9 @@ class DatasetManifest(BaseModel):
         shards: Iterable[ShardInfo],
         shard_size: int,
         source: str = "",
+        layout: DatasetLayout = DatasetLayout.SHARDS,
+        data_container: str | None = None,
+        label_field: str | None = None,
     ) -> DatasetManifest:
         """A manifest whose totals and means are computed from ``shards``.
 
@@ -455,6 +550,7 @@ class DatasetManifest(BaseModel):
         shard_list = list(shards)
         num_samples = sum(s.samples for s in shard_list)
         divisor = max(num_samples, 1)
+        image_mean = sum(s.image_bytes for s in shard_list) / divisor
         try:
             return cls(
                 name=name,
@@ -462,9 +558,16 @@ class DatasetManifest(BaseModel):
                 shard_size=shard_size,
                 classes=list(classes),
                 shards=shard_list,
-                mean_image_bytes_per_sample=sum(s.image_bytes for s in shard_list) / divisor,
-                mean_shard_bytes_per_sample=sum(s.bytes for s in shard_list) / divisor,
+                mean_image_bytes_per_sample=image_mean,
+                mean_shard_bytes_per_sample=(
+                    image_mean
+                    if layout is DatasetLayout.FOLDER
+                    else sum(s.bytes for s in shard_list) / divisor
+                ),
                 source=source,
+                layout=layout,
+                data_container=data_container,
+                label_field=label_field,
             )
         except ValidationError as exc:
             raise InvalidManifestError(_describe(exc)) from exc
@@ -476,18 +579,35 @@ class DatasetManifest(BaseModel):
 
     @property
     def total_bytes(self) -> int:
-        """Sum of the shard object sizes."""
+        """Bytes of data a full pass reads: the shard objects, or the images of a folder layout."""
+        if self.layout is DatasetLayout.FOLDER:
+            return sum(s.image_bytes for s in self.shards)
         return sum(s.bytes for s in self.shards)
 
+    @property
+    def data_location(self) -> str:
+        """The container holding the data objects (images or tars): ``data_container`` or ``name``."""
+        return self.data_container or self.name
+
     def shard_of(self, index: int) -> ShardInfo:
-        """The shard holding global sample ``index``."""
+        """The shard holding global sample ``index`` (shards of any size: by ``first_index``)."""
         if not 0 <= index < self.num_samples:
             raise IndexError(f"sample index {index} out of range 0..{self.num_samples - 1}")
-        return self.shards[index // self.shard_size]
+        starts = [s.first_index for s in self.shards]
+        return self.shards[bisect.bisect_right(starts, index) - 1]
 
     def to_json(self) -> bytes:
-        """Canonical UTF-8 JSON (stable key order, so equal manifests give equal bytes/etags)."""
-        return (self.model_dump_json(indent=1) + "\n").encode("utf-8")
+        """Canonical UTF-8 JSON (stable key order, so equal manifests give equal bytes/etags).
+
+        The in-place layouts' fields are left out at their defaults, so that a ``shards``
+        manifest keeps the bytes (and etag) it had before they existed.
+        """
+        unset = {
+            field
+            for field in ("layout", "data_container", "label_field")
+            if getattr(self, field) == type(self).model_fields[field].default
+        }
+        return (self.model_dump_json(indent=1, exclude=unset) + "\n").encode("utf-8")
 
 
 def _describe(exc: ValidationError) -> str:

@@ -358,7 +358,7 @@ def _shards_with(**changes: object) -> list[dict[str, object]]:
         ({"mean_image_bytes_per_sample": 11.0}, "mean_image_bytes_per_sample"),
         ({"mean_shard_bytes_per_sample": 1.0}, "mean_shard_bytes_per_sample"),
         ({"shards": _shards_with(name="shards/shard-000005.tar")}, "must be named"),
-        ({"shards": _shards_with(name="../x.tar")}, "does not look like"),
+        ({"shards": _shards_with(name="../x.tar")}, "path segment"),
         ({"shards": _shards_with(first_index=101)}, "first_index"),
         ({"shards": _shards_with(etag="ABC")}, "etag"),
         ({"shards": _shards_with(samples=0)}, "samples"),

@@ -7,6 +7,8 @@
     |   +-- SwiftAuthError          Swift rejected the credentials (401) or the access (403)
     +-- DatasetNotFoundError        the container or its manifest does not exist
     +-- CorruptDatasetError         the stored manifest is invalid
+    +-- DatasetIndexError           data in Swift cannot be indexed in place (names the object)
+    +-- IndexInterruptedError       indexing stopped on request; running it again continues
 
 ``DatasetError`` derives from :class:`hapi_client.errors.HapiClientError`, the client's one root.
 A Swift that cannot be reached (connection refused, DNS, timeout) is the client's own
@@ -21,7 +23,9 @@ from ..errors import HapiClientError, SwiftAccessError, SwiftUnavailableError
 __all__ = [
     "CorruptDatasetError",
     "DatasetError",
+    "DatasetIndexError",
     "DatasetNotFoundError",
+    "IndexInterruptedError",
     "SourceError",
     "SourceSpecError",
     "SwiftAuthError",
@@ -56,3 +60,15 @@ class DatasetNotFoundError(DatasetError):
 
 class CorruptDatasetError(DatasetError):
     """The manifest stored in Swift is not a valid dataset manifest."""
+
+
+class DatasetIndexError(DatasetError):
+    """Data in Swift cannot be indexed in place; ``object_name`` is the object at fault, if one."""
+
+    def __init__(self, message: str, *, object_name: str | None = None) -> None:
+        super().__init__(message)
+        self.object_name = object_name
+
+
+class IndexInterruptedError(DatasetError):
+    """Indexing stopped on request before the manifest was written; running it again continues."""

@@ -33,6 +33,7 @@ __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 COMMAND_MODULES = [
     "hapi_cli.stack_cmd",
     "hapi_cli.upload_cmd",
+    "hapi_cli.dataset_cmd",
     "hapi_cli.model_cmd",
     "hapi_cli.finetune_cmd",
     "hapi_cli.demo_cmd",

@@ -86,7 +86,7 @@ class SyntheticStore:
         if marker:
             label, index = marker.rsplit("/", 1)[1].removesuffix(".JPEG")[1:].split("_")
             start = (int(label), int(index) + 1)
-        page = []
+        page: list[ListingEntry] = []
         for name in self._names(*start):
             if len(page) == limit:
                 break

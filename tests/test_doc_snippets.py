@@ -28,7 +28,7 @@ CODE = {"bash", "sh", "shell", "python", "console"}
 #: The snippets each test runs, per document.
 RUN = {
     "README.md": ["quickstart", "weights", "cli", "own-loop", "vit-upload", "vit-loop"]
-    + ["recipe", "workers"],
+    + ["recipe", "workers", "index"],
     "docs/server.md": ["upload", "curl", "decode"],  # tests/hapi_server/test_server_docs.py
 }
 
@@ -142,5 +142,7 @@ def test_the_readme_runs_as_pasted(own_stack: dict[str, str]) -> None:
         assert "held-out accuracy" in out
         out = _run_bash(snippet("README.md", "workers").code, own_stack)
         assert "eval acc" in out, out[-3000:]
+        out = _run_bash(snippet("README.md", "index").code, own_stack)
+        assert "dataset 'photos-idx' (folder layout, data in 'photos'): 200 samples" in out, out
     finally:
         subprocess.run(own_stack["down"].split(), cwd=own_stack["cwd"], check=False)  # noqa: S603

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -254,3 +255,31 @@ def test_cli_index_and_exit_codes(
     assert code == 2 and "missing.csv does not exist" in capsys.readouterr().err
     assert main(["dataset", "index", "--container", container, "--layout", "tree"]) == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["slo", "dlo"])
+def test_large_objects_are_refused_by_name(
+    swift_conn: Connection, tmp_path: Path, kind: str
+) -> None:
+    container = _name(kind)
+    swift_conn.put_container(container)
+    first = swift_conn.put_object(container, "segments/1", _jpeg(1))
+    second = swift_conn.put_object(container, "segments/2", b"rest of the image")
+    name = f"train/cat/{kind}.jpg"
+    if kind == "slo":
+        segments = [
+            {"path": f"{container}/segments/1", "etag": first},
+            {"path": f"{container}/segments/2", "etag": second},
+        ]
+        swift_conn.put_object(
+            container, name, json.dumps(segments), query_string="multipart-manifest=put"
+        )
+        match = "static large object"
+    else:
+        swift_conn.put_object(
+            container, name, b"", headers={"X-Object-Manifest": f"{container}/segments/"}
+        )
+        match = "zero bytes .*DLO manifest"
+    with pytest.raises(DatasetIndexError, match=match) as caught:
+        index_dataset(swift_conn, container, layout="folder", prefix="train/", state_dir=tmp_path)
+    assert caught.value.object_name == name

@@ -17,7 +17,7 @@ install: $(STAMP) system-deps
 
 # On a GPU machine that already has torch >= 2.11 the venv reuses it (--system-site-packages);
 # elsewhere it gets the pinned pair, which pip installs from local files on this kind of machine.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml examples/hapi-model-plugin/pyproject.toml
 	@if $(PYTHON) -c 'import sys, torch; v = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]); sys.exit(0 if v >= (2, 11) and torch.cuda.is_available() else 1)' 2>/dev/null; then \
 		echo "== using the system torch (GPU machine)"; \
 		$(PYTHON) -m venv --system-site-packages $(VENV); \
@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml
 		echo "== installing torch==2.14.1 torchvision==0.29.1 (about 90 s)"; \
 		$(PIP) install --quiet torch==2.14.1 torchvision==0.29.1; \
 	fi
-	$(PIP) install --quiet -e '.[dev]'
+	$(PIP) install --quiet -e '.[dev]' -e examples/hapi-model-plugin
 	@touch $(STAMP)
 
 system-deps:

@@ -60,8 +60,8 @@ class Case:
 
 
 CASES = {
-    "mobilenet_v3_small": Case("mobilenet_v3_small", SMALL, 13),  # features.6.add
-    VIT: Case(VIT, hapi_models.InputTransform(resize=224, crop=224), 19),  # blocks.5.add
+    "mobilenet_v3_small": Case("mobilenet_v3_small", SMALL, 13),  # after features.5.add
+    VIT: Case(VIT, hapi_models.InputTransform(resize=224, crop=224), 19),  # after blocks.4
     "tinycnn": Case("tinycnn", SMALL, 8),  # after the second block
 }
 EXECUTIONS = ["server", "decoupled", "in_proxy"]

@@ -37,6 +37,7 @@ from hapi_contract import (
     Compression,
     DatasetManifest,
     OutputDtype,
+    ShardSource,
 )
 
 from .errors import ConfigurationError
@@ -402,7 +403,7 @@ class FeatureDataset(IterableDataset[Batch]):
         )
         loader = self._loader(self.split_index)
         counters = EpochCounters()
-        self._check_verification([manifest.shards[k].name for k in shards])
+        self._check_verification([ShardSource.of(manifest, self.container, k) for k in shards])
         log.info(
             "epoch %d (rank %d/%d): %d batches from batch %d, split %d",
             epoch,
@@ -460,20 +461,20 @@ class FeatureDataset(IterableDataset[Batch]):
             verifier=self.verifier,
         )
 
-    def _check_verification(self, shard_names: list[str]) -> None:
+    def _check_verification(self, sources: list[ShardSource]) -> None:
         """Warn once per split when verification is on but draws none of this rank's shards."""
         verifier, split = self.verifier, self.split_index
         if verifier is None or split == 0 or split in self._verify_warned:
             return
-        if verifier.drawn(self.container, shard_names, split) == 0:
+        if verifier.drawn(sources, split) == 0:
             self._verify_warned.add(split)
             log.warning(
                 "verify_fraction=%g draws none of the %d shards at split %d: nothing will be "
                 "verified (use at least %.2g to expect one shard)",
                 verifier.fraction,
-                len(shard_names),
+                len(sources),
                 split,
-                1 / max(1, len(shard_names)),
+                1 / max(1, len(sources)),
             )
 
     def _plan(self, current: SplitDecision | None = None) -> SplitDecision:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import hapi_models
 import torch
 
-from hapi_contract import FinetuneRequest, OptimizerSpec, TransformSpec
+from hapi_contract import FinetuneRequest, OptimizerSpec, ShardSource, TransformSpec
 
 from .errors import ConfigurationError
 from .feature_dataset import FeatureDataset, LocalModel
@@ -288,8 +288,14 @@ def _all_in_cos(
     batch_size = train.batch_size
     stored, net, manifest = prepared.stored, prepared.net, prepared.manifest
     classes, freeze, transform = prepared.num_classes, prepared.freeze_index, prepared.transform
+    # Every shard of a manifest lies alike: the first says where (a webdataset's tars lie in
+    # the data container, a folder's parts beside the manifest, their images in the data one).
+    source = ShardSource.of(manifest, container, 0)
     req = FinetuneRequest(
-        container=container,
+        container=source.container,
+        layout=source.layout,
+        data_container=source.data_container,
+        label_field=source.label_field,
         shards=[s.name for s in manifest.shards],
         model=stored.ref(),
         target_classes=classes if classes != stored.num_classes else None,

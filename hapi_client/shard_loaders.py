@@ -3,6 +3,11 @@
 A loader returns a shard's samples in stored order; the epoch pipeline permutes and batches them.
 With verification on, a HAPI loader recomputes some returned samples locally and fails loudly on
 a mismatch, so that a faulty or hostile storage-side server cannot silently poison training.
+
+Every layout of a dataset is read alike (:mod:`hapi_contract.layouts`): the raw loader and the
+verifier read a shard with the contract's reader (:func:`hapi_contract.read_shard_samples`, the
+one the server runs), a ``folder`` part's images from a pool of threads; a HAPI request names
+the shard's layout, so the server reads it the same way.
 """
 
 from __future__ import annotations
@@ -11,6 +16,9 @@ import dataclasses
 import logging
 import math
 import random
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,15 +27,20 @@ import torch
 
 from hapi_contract import (
     DEFAULT_COMPRESSION,
+    DEFAULT_MAX_SHARD_SAMPLES,
     DEFAULT_OUTPUT_DTYPE,
     Compression,
     DatasetManifest,
     ExtractRequest,
     OutputDtype,
     ProfileSpec,
+    ShardSample,
+    ShardSource,
     TransformSpec,
-    read_shard,
+    read_shard_samples,
+    run_shard_read,
 )
+from hapi_contract.layouts import DEFAULT_MAX_TAR_BYTES
 
 from .errors import ConfigurationError, VerificationError
 from .feature_cache import CachedFeatures, FeatureCache
@@ -38,7 +51,14 @@ if TYPE_CHECKING:
     from .swift_session import SwiftSession
     from .transport import HapiTransport
 
-__all__ = ["PushdownVerifier", "hapi_loader", "make_shard_loader", "raw_loader"]
+__all__ = [
+    "OBJECT_READ_CONCURRENCY",
+    "PushdownVerifier",
+    "hapi_loader",
+    "make_shard_loader",
+    "raw_loader",
+    "read_source",
+]
 
 log = logging.getLogger(__name__)
 
@@ -52,21 +72,69 @@ VERIFY_TOLERANCE: dict[OutputDtype, float] = {
 }
 
 
+#: Image objects of a ``folder`` part the client reads at once (BASELINE, verification).
+OBJECT_READ_CONCURRENCY = 16
+
+
+def read_source(
+    swift: SwiftSession,
+    source: ShardSource,
+    *,
+    num_classes: int | None = None,
+    observe: bool = True,
+    concurrency: int = OBJECT_READ_CONCURRENCY,
+) -> tuple[list[ShardSample], int]:
+    """A shard's samples in stored order, in its layout, checked as the server checks them
+    (a ``folder`` image against its pin, :class:`hapi_contract.ChangedObjectError` when it
+    changed), and the bytes read from Swift; ``observe`` feeds the bandwidth estimate.
+
+    Raises:
+        hapi_contract.DatasetFormatError: the shard, part or an image is malformed or changed.
+        SwiftAccessError: Swift refused a read (a deleted image: 404, named).
+    """
+    nbytes = 0
+    lock = threading.Lock()
+
+    def get(container: str, name: str, max_bytes: int) -> bytes:
+        nonlocal nbytes
+        data, _ = swift.get(container, name, observe=observe)
+        with lock:
+            nbytes += len(data)
+        return data
+
+    def get_many(container: str, names: Sequence[str], max_bytes_each: int) -> list[bytes]:
+        pool = ThreadPoolExecutor(max(1, min(concurrency, len(names))), "hapi-objects")
+        try:
+            return list(pool.map(lambda name: get(container, name, max_bytes_each), names))
+        finally:
+            # After a refusal: the reads not started are not made.
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    read = read_shard_samples(
+        source,
+        num_classes=num_classes,
+        max_samples=DEFAULT_MAX_SHARD_SAMPLES,
+        max_object_bytes=DEFAULT_MAX_TAR_BYTES,
+    )
+    samples = run_shard_read(read, get, get_many)
+    return samples, nbytes
+
+
 def raw_loader(
     swift: SwiftSession,
     manifest: DatasetManifest,
     container: str,
     transform: hapi_models.InputTransform,
 ) -> ShardLoader:
-    """BASELINE (and split 0): download the stored shard and decode it locally."""
+    """BASELINE (and split 0): read the stored shard (a ``folder`` part: its images) and decode
+    it locally."""
 
     def load(k: int) -> LoadedShard:
-        info = manifest.shards[k]
-        data, _ = swift.get(container, info.name)
-        samples = read_shard(data)
+        source = ShardSource.of(manifest, container, k)
+        samples, nbytes = read_source(swift, source, num_classes=manifest.num_classes)
         x = transform.decode_batch([s.image_bytes for s in samples])
         y = torch.tensor([s.label for s in samples], dtype=torch.int64)
-        return LoadedShard(x, y, len(data), 1)
+        return LoadedShard(x, y, nbytes, 1)
 
     return load
 
@@ -95,35 +163,37 @@ class PushdownVerifier:
         if self.samples < 1:
             raise ConfigurationError(f"verify samples must be >= 1, got {self.samples}")
 
-    def _draw(self, container: str, shard_name: str, split: int) -> random.Random | None:
+    def _draw(self, source: ShardSource, split: int) -> random.Random | None:
         """The generator of a shard's checked samples, or None when the shard is not checked."""
-        rng = random.Random(f"{self.seed}/{container}/{shard_name}/{split}")
+        rng = random.Random(f"{self.seed}/{source.container}/{source.shard}/{split}")
         if self.fraction == 0.0 or rng.random() >= self.fraction:
             return None
         return rng
 
-    def drawn(self, container: str, shard_names: list[str], split: int) -> int:
-        """How many of ``shard_names`` are checked at ``split`` (the draw is known in advance)."""
-        return sum(self._draw(container, name, split) is not None for name in shard_names)
+    def drawn(self, sources: list[ShardSource], split: int) -> int:
+        """How many of ``sources`` are checked at ``split`` (the draw is known in advance)."""
+        return sum(self._draw(source, split) is not None for source in sources)
 
     def check(
         self,
-        container: str,
-        shard_name: str,
+        source: ShardSource,
         split: int,
         dtype: OutputDtype,
         loaded: LoadedShard,
     ) -> int:
         """Check ``loaded`` if the shard is drawn; the number of samples verified (0: not drawn).
 
+        A checked shard is read in its layout (a ``folder`` part: its images, each against its
+        pin), so the check compares the server's answer with the objects themselves.
+
         Raises:
             VerificationError: a checked sample differs from the local computation.
         """
-        rng = self._draw(container, shard_name, split)
+        rng = self._draw(source, split)
         if rng is None:
             return 0
-        data, _ = self.swift.get(container, shard_name, observe=False)
-        stored = read_shard(data)
+        container, shard_name = source.container, source.shard
+        stored, _ = read_source(self.swift, source, observe=False)
         picks = sorted(rng.sample(range(len(stored)), min(self.samples, len(stored))))
         labels = torch.tensor([stored[i].label for i in picks], dtype=torch.int64)
         if not torch.equal(loaded.labels[picks].cpu(), labels):
@@ -173,14 +243,18 @@ def hapi_loader(
 
     def load(k: int) -> LoadedShard:
         info = manifest.shards[k]
+        source = ShardSource.of(manifest, container, k)
         key = FeatureCache.key(info.etag, stored.sha256, split, transform_key, dtype.value)
         if cache is not None:
             hit = cache.get(key)
             if hit is not None:
                 return LoadedShard(hit.features, hit.labels, 0, 0)
         req = ExtractRequest(
-            container=container,
-            shard=info.name,
+            container=source.container,
+            shard=source.shard,
+            layout=source.layout,
+            data_container=source.data_container,
+            label_field=source.label_field,
             model=stored.ref(),
             split_index=split,
             transform=spec,
@@ -193,7 +267,7 @@ def hapi_loader(
         feats = got.features if got.features.dtype == torch.float32 else got.features.float()
         loaded = LoadedShard(feats, got.labels, got.wire_bytes, got.attempts)
         if verifier is not None:
-            verified = verifier.check(container, info.name, split, dtype, loaded)
+            verified = verifier.check(source, split, dtype, loaded)
             if verified:
                 loaded = dataclasses.replace(loaded, verified_samples=verified)
         if cache is not None:  # only what passed verification is kept

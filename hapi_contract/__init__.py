@@ -10,7 +10,17 @@ with tensors are submodules, imported explicitly by who needs them (and they imp
 :mod:`hapi_contract.layouts` specifies the datasets indexed in place (``folder``, ``webdataset``).
 """
 
-from . import dataset, errors, http, layouts, profile, requests, responses, timings
+from . import (
+    dataset,
+    errors,
+    http,
+    layouts,
+    profile,
+    requests,
+    responses,
+    shard_reading,
+    timings,
+)
 from .dataset import *  # noqa: F403
 from .errors import *  # noqa: F403
 from .http import *  # noqa: F403
@@ -18,6 +28,7 @@ from .layouts import *  # noqa: F403
 from .profile import *  # noqa: F403
 from .requests import *  # noqa: F403
 from .responses import *  # noqa: F403
+from .shard_reading import *  # noqa: F403
 from .timings import *  # noqa: F403
 
 # dict.fromkeys: layouts re-exports DatasetLayout beside the layouts it describes.
@@ -31,6 +42,7 @@ __all__ = list(
             *profile.__all__,
             *requests.__all__,
             *responses.__all__,
+            *shard_reading.__all__,
             *timings.__all__,
         ]
     )

@@ -40,6 +40,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from hapi_contract.dataset import DatasetLayout
+
 __all__ = [
     "CONTAINER_NAME_PATTERN",
     "DEFAULT_COMPRESSION",
@@ -49,6 +51,7 @@ __all__ = [
     "OBJECT_NAME_PATTERN",
     "Compression",
     "ContainerName",
+    "DatasetSource",
     "ExtractRequest",
     "FinetuneRequest",
     "ModelRef",
@@ -325,7 +328,43 @@ def _check_split(split: int, profile: ProfileSpec | None, name: str) -> None:
         )
 
 
-class ExtractRequest(_Model):
+LabelField = Annotated[
+    StrictStr, Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")
+]
+
+
+class DatasetSource(_Model):
+    """How the shards a request names lie in Swift (a dataset's manifest says it; see
+    :mod:`hapi_contract.layouts`). The defaults are an uploaded dataset's, so a request written
+    before the in-place layouts existed means what it meant.
+
+    * ``shards``: strict tars written by ``hapi upload dataset`` in ``container``;
+    * ``webdataset``: existing WebDataset tars, named as shards in ``container`` (the data
+      container), labelled by ``.cls``/``.txt`` or the ``label_field`` of their ``.json``;
+    * ``folder``: the shards are part objects in ``container`` (beside the manifest) listing one
+      image object per sample, read from ``data_container`` (default: ``container``).
+    """
+
+    layout: DatasetLayout = Field(
+        DatasetLayout.SHARDS, description="how the named shards lie (the manifest's layout)"
+    )
+    data_container: ContainerName | None = Field(
+        None, description="folder layout: the container of the image objects (default: container)"
+    )
+    label_field: LabelField | None = Field(
+        None, description="webdataset layout: the .json field holding the label (default: .cls)"
+    )
+
+    @model_validator(mode="after")
+    def _fields_of_the_layout(self) -> DatasetSource:
+        if self.data_container is not None and self.layout is not DatasetLayout.FOLDER:
+            raise ValueError("data_container is for the folder layout only")
+        if self.label_field is not None and self.layout is not DatasetLayout.WEBDATASET:
+            raise ValueError("label_field is for the webdataset layout only")
+        return self
+
+
+class ExtractRequest(DatasetSource):
     """``POST /v1/extract``: run the model up to ``split_index`` over one shard, stream features.
 
     ``split_index`` counts the layers run on the server; 0 sends the transformed input itself.
@@ -363,7 +402,7 @@ class OptimizerSpec(_Model):
     weight_decay: _NonNegativeFinite = 0.0
 
 
-class FinetuneRequest(_Model):
+class FinetuneRequest(DatasetSource):
     """``POST /v1/finetune`` (ALL_IN_COS mode): the server trains and returns the weights.
 
     ``freeze_index`` must not exceed the architecture's layer count, and ``epochs`` the

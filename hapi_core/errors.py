@@ -8,6 +8,7 @@ status, the Swift filter's in-proxy execution likewise, so one refusal reads the
     ├── ForbiddenError             403 forbidden
     ├── NotFoundError              404 not_found
     ├── ChecksumError              409 sha256_mismatch
+    ├── ObjectChangedError         409 object_changed
     ├── PayloadTooLargeError       413 too_large
     ├── InvalidRequestError        422 invalid_request
     │   └── InvalidNameError       422 invalid_name
@@ -48,6 +49,15 @@ class NotFoundError(HapiCoreError):
 
 class ChecksumError(HapiCoreError):
     status, code = 409, "sha256_mismatch"
+
+
+class ObjectChangedError(HapiCoreError):
+    """An object of a dataset indexed in place is not what its index pinned (size or MD5):
+    changed, overwritten or replaced since. 409, as the request conflicts with the object's
+    current state; 412 would say a precondition of the caller's own failed, and the caller
+    sent none."""
+
+    status, code = 409, "object_changed"
 
 
 class PayloadTooLargeError(HapiCoreError):

@@ -15,16 +15,37 @@ import functools
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from hapi_contract import ExtractRequest, ModelRef
+from hapi_contract import (
+    ChangedObjectError,
+    DatasetFormatError,
+    DatasetLayout,
+    ExtractRequest,
+    FinetuneRequest,
+    ModelRef,
+    Parse,
+    ReadObject,
+    ReadObjects,
+    ShardRead,
+    ShardSource,
+    TooManySamplesError,
+    read_shard_samples,
+)
 from hapi_contract.frames import FrameEncoder
 
 from .adaptation import DeviceScheduler, Reservation, make_demand, new_request_id
 from .admission import admit_model, build_model, check_weights, input_transform
 from .engine import ExtractionJob, JobStats
+from .errors import (
+    InvalidShardError,
+    NotFoundError,
+    ObjectChangedError,
+    PayloadTooLargeError,
+)
 from .estimates import model_footprint
-from .flow import Compute, Flow, Get, Head, ObjectInfo, Reserve, StoredObject
-from .inputs import parse_shard
+from .flow import Compute, Flow, Get, GetMany, Head, ObjectInfo, Reserve, StoredObject
+from .inputs import check_named_images
 from .runtime import CoreRuntime
 from .solver import Demand
 from .weights_cache import CachedModel, CacheKey
@@ -40,10 +61,14 @@ __all__ = [
     "pin_if_resident",
     "plan_weights",
     "prepare",
+    "read_samples",
     "read_shard",
     "release_model",
     "reserve_and_load",
+    "source_of",
 ]
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -97,22 +122,81 @@ def plan_weights(rt: CoreRuntime, ref: ModelRef, scheduler: DeviceScheduler) -> 
     return plan_model(rt, ref, info, scheduler)
 
 
+def source_of(req: ExtractRequest | FinetuneRequest, shard: str) -> ShardSource:
+    """Where ``shard`` of a request lies (its container, layout, data container, label field)."""
+    return ShardSource(req.container, shard, req.layout, req.data_container, req.label_field)
+
+
+def read_samples(
+    rt: CoreRuntime, source: ShardSource, num_classes: int
+) -> Flow[tuple[list[bytes], list[int]]]:
+    """A shard's images and labels in any layout, read as the caller and checked: the format
+    (422), the sample count (413), a folder part's images against their pins (409) and every
+    image's header (413 / 422); each error names the object.
+
+    The reading itself is the contract's (:func:`hapi_contract.read_shard_samples`, which the
+    client's BASELINE mode runs too); this flow performs its reads and parsing as effects.
+    """
+    settings = rt.settings
+    read = read_shard_samples(
+        source,
+        num_classes=num_classes,
+        max_samples=settings.max_samples_per_request,
+        max_object_bytes=settings.max_object_bytes,
+        max_image_bytes=settings.max_image_bytes,
+    )
+    try:
+        samples = yield from _perform_read(rt, read)
+    except ChangedObjectError as exc:
+        raise ObjectChangedError(str(exc)) from exc
+    except TooManySamplesError as exc:
+        raise PayloadTooLargeError(str(exc)) from exc
+    except DatasetFormatError as exc:
+        raise InvalidShardError(str(exc)) from exc
+    images = [s.image_bytes for s in samples]
+    names = (
+        [f"{source.image_container}/{s.key}" for s in samples]
+        if source.layout is DatasetLayout.FOLDER
+        else [f"shard {source.where}: sample {i}" for i in range(len(samples))]
+    )
+    yield Compute(functools.partial(check_named_images, images, names, settings.max_image_pixels))
+    return images, [s.label for s in samples]
+
+
+def _perform_read(rt: CoreRuntime, read: ShardRead[T]) -> Flow[T]:
+    """Run a contract read with this core's effects (see :mod:`hapi_contract.shard_reading`)."""
+    answer: Any = None
+    while True:
+        try:
+            step = read.send(answer)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        match step:
+            case ReadObject(container, name, max_bytes):
+                blob: StoredObject = yield Get(container, name, max_bytes)
+                answer = blob.data
+            case ReadObjects(container, names, max_bytes_each):
+                concurrency = rt.settings.object_read_concurrency
+                try:
+                    blobs: list[StoredObject] = yield GetMany(
+                        container, names, max_bytes_each, concurrency
+                    )
+                except NotFoundError as exc:
+                    raise ObjectChangedError(
+                        f"{exc.detail}: deleted after the dataset was indexed (index it again)"
+                    ) from exc
+                answer = [b.data for b in blobs]
+            case Parse(work):
+                answer = yield Compute(work)
+        del step
+
+
 def read_shard(
     rt: CoreRuntime, container: str, shard: str, num_classes: int
 ) -> Flow[tuple[list[bytes], list[int]]]:
-    """A shard's images and labels, read as the caller and checked (format, counts, headers)."""
-    blob: StoredObject = yield Get(container, shard, rt.settings.max_object_bytes)
-    parse = functools.partial(
-        parse_shard,
-        blob.data,
-        f"{container}/{shard}",
-        max_samples=rt.settings.max_samples_per_request,
-        max_pixels=rt.settings.max_image_pixels,
-        num_classes=num_classes,
-    )
-    del blob
-    checked: tuple[list[bytes], list[int]] = yield Compute(parse)
-    return checked
+    """An uploaded shard's images and labels, read as the caller and checked (format, counts,
+    headers): :func:`read_samples` of the ``shards`` layout."""
+    return (yield from read_samples(rt, ShardSource(container, shard), num_classes))
 
 
 def load_planned(
@@ -187,6 +271,8 @@ class PreparedExtraction:
     labels: list[int]
     started: float
     queued_s: float
+    read_s: float = 0.0
+    """Reading and checking the samples (the shard, or a part and its images)."""
     stream_started: bool = False
     finished: bool = False
 
@@ -220,7 +306,11 @@ def prepare(rt: CoreRuntime, req: ExtractRequest) -> Flow[PreparedExtraction]:
     )
     plan = yield from plan_weights(rt, req.model, scheduler)
     try:
-        images, labels = yield from read_shard(rt, req.container, req.shard, req.model.num_classes)
+        reading = time.perf_counter()
+        images, labels = yield from read_samples(
+            rt, source_of(req, req.shard), req.model.num_classes
+        )
+        read_s = time.perf_counter() - reading
         demand = make_demand(
             request_id,
             est.bytes_per_sample,
@@ -243,6 +333,7 @@ def prepare(rt: CoreRuntime, req: ExtractRequest) -> Flow[PreparedExtraction]:
         labels=labels,
         started=started,
         queued_s=time.perf_counter() - queued_at,
+        read_s=read_s,
     )
 
 
@@ -302,5 +393,8 @@ def conclude(
         )
     rt.metrics.samples.labels("extract").inc(len(prep.images))
     meta = stats.as_meta(time.perf_counter() - prep.started, prep.queued_s)
+    server_ms = meta["server_ms"]
+    assert isinstance(server_ms, dict)
+    server_ms["read"] = round(prep.read_s * 1000, 3)
     meta.update(request_id=prep.request_id, device=job.device.name, split_index=req.split_index)
     return meta

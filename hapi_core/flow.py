@@ -11,7 +11,9 @@ So admission, memory planning, model loading and timing exist once, not once per
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Awaitable, Callable, Generator
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -23,10 +25,12 @@ __all__ = [
     "Effect",
     "Flow",
     "Get",
+    "GetMany",
     "Head",
     "ObjectInfo",
     "Reserve",
     "StoredObject",
+    "get_many_in_threads",
     "run_async",
     "run_blocking",
 ]
@@ -67,6 +71,22 @@ class Get:
 
 
 @dataclass(frozen=True)
+class GetMany:
+    """Read each of ``objs`` in ``container`` as the caller, each at most ``max_bytes_each``
+    (413 over), at most ``concurrency`` at once; their :class:`StoredObject` in the order of
+    ``objs``. The first refusal (401, 403, 404, 413...) is raised and the other reads stop.
+
+    One storage request per object, as the thesis' storage requests are: the images of a
+    ``folder`` dataset's part (:mod:`hapi_contract.layouts`).
+    """
+
+    container: str
+    objs: tuple[str, ...]
+    max_bytes_each: int
+    concurrency: int
+
+
+@dataclass(frozen=True)
 class Compute:
     """Run ``work`` off the host's event loop (it takes CPU or GPU time); its return value."""
 
@@ -84,7 +104,7 @@ class Reserve:
     refresh: Callable[[Demand], Demand]
 
 
-Effect = Head | Get | Compute | Reserve
+Effect = Head | Get | GetMany | Compute | Reserve
 Flow = Generator[Effect, Any, T]
 
 
@@ -96,6 +116,30 @@ def _resume(flow: Flow[T], ok: bool, value: Any) -> tuple[bool, Any]:
     except StopIteration as stop:
         return True, stop.value
     return False, effect
+
+
+def get_many_in_threads(
+    effect: GetMany, get: Callable[[Get], StoredObject], *, pool: Executor | None = None
+) -> list[StoredObject]:
+    """Perform ``effect`` with a blocking ``get`` of one object: in ``pool`` (at most
+    ``effect.concurrency`` reads submitted at a time), or one after the other without one."""
+    reads = [Get(effect.container, obj, effect.max_bytes_each) for obj in effect.objs]
+    if pool is None or effect.concurrency == 1:
+        return [get(read) for read in reads]
+    window = max(1, effect.concurrency)
+    done: list[StoredObject] = []
+    pending: deque[Future[StoredObject]] = deque()
+    try:
+        for read in reads:
+            if len(pending) >= window:
+                done.append(pending.popleft().result())
+            pending.append(pool.submit(get, read))
+        while pending:
+            done.append(pending.popleft().result())
+    finally:
+        for future in pending:  # after a failure: the reads not started are not made
+            future.cancel()
+    return done
 
 
 # The two drivers differ only in ``await``: Python cannot write one loop for both.

@@ -24,7 +24,13 @@ from .errors import (
     PayloadTooLargeError,
 )
 
-__all__ = ["check_images", "check_swift_name", "check_weights_size", "parse_shard"]
+__all__ = [
+    "check_images",
+    "check_named_images",
+    "check_swift_name",
+    "check_weights_size",
+    "parse_shard",
+]
 
 
 def check_swift_name(value: str, what: str, *, segmented: bool = False) -> None:
@@ -43,7 +49,12 @@ def check_swift_name(value: str, what: str, *, segmented: bool = False) -> None:
 
 def check_images(images: list[bytes], max_pixels: int) -> None:
     """Open every image's header (no pixel decoded): 422 if unreadable, 413 if too large."""
-    for i, data in enumerate(images):
+    check_named_images(images, [f"sample {i}" for i in range(len(images))], max_pixels)
+
+
+def check_named_images(images: list[bytes], names: list[str], max_pixels: int) -> None:
+    """:func:`check_images`, each error led by the image's name in ``names`` (e.g. its object)."""
+    for name, data in zip(names, images, strict=True):
         try:
             with warnings.catch_warnings():
                 # Between one and two times Pillow's own limit it only warns; ours decides.
@@ -53,19 +64,19 @@ def check_images(images: list[bytes], max_pixels: int) -> None:
         except Image.DecompressionBombError as exc:
             # Over twice Pillow's limit it refuses to open at all: still "too large", not broken.
             raise PayloadTooLargeError(
-                f"sample {i}: image over the pixel limit (decompression bomb: {exc})"
+                f"{name}: image over the pixel limit (decompression bomb: {exc})"
             ) from exc
         except UnidentifiedImageError as exc:
             # PIL's message names an in-memory buffer object; say what it means instead.
             raise InvalidShardError(
-                f"sample {i}: not a decodable image (unknown or corrupt image format)"
+                f"{name}: not a decodable image (unknown or corrupt image format)"
             ) from exc
         except (OSError, ValueError, SyntaxError) as exc:
             # Pillow's plugins raise these for headers that parse but make no sense.
-            raise InvalidShardError(f"sample {i}: not a decodable image ({exc})") from exc
+            raise InvalidShardError(f"{name}: not a decodable image ({exc})") from exc
         if pixels > max_pixels:
             raise PayloadTooLargeError(
-                f"sample {i}: {pixels} pixels exceeds the limit of {max_pixels} (max_image_pixels)"
+                f"{name}: {pixels} pixels exceeds the limit of {max_pixels} (max_image_pixels)"
             )
 
 

@@ -59,6 +59,15 @@ class CoreSettings(BaseModel):
     max_samples_per_request: int = Field(
         10_000, ge=1, description="most samples in one shard (413)"
     )
+    max_image_bytes: int = Field(
+        16 * MiB, ge=1024, description="largest image object or tar member, in place (413/422)"
+    )
+    object_read_concurrency: int = Field(
+        16,
+        ge=1,
+        le=1024,
+        description="image objects of a folder dataset's part one request reads at once",
+    )
     queue_limit: int = Field(256, ge=1, description="waiting requests per device before 503")
     request_timeout_s: float = Field(600.0, gt=0, description="longest wait for memory before 504")
     retry_after_s: int = Field(2, ge=1, description="Retry-After of a 503 (queue full)")

@@ -19,11 +19,13 @@ from hapi_core import (
     Effect,
     Flow,
     Get,
+    GetMany,
     Head,
     JobCancelled,
     JobStats,
     PreparedExtraction,
     Reserve,
+    StoredObject,
     abandon,
     conclude,
     finish,
@@ -59,11 +61,34 @@ class ServerHost:
                 return state.swift.head(caller, container, obj)
             case Get(container, obj, max_bytes):
                 return state.swift.get(caller, container, obj, max_bytes=max_bytes)
+            case GetMany():
+                return self.get_many(effect)
             case Compute(work):
                 return asyncio.get_running_loop().run_in_executor(state.executor, work)
             case Reserve(scheduler, demand, pinned, refresh):
                 return scheduler.acquire(demand, pinned_bytes=pinned, refresh=refresh)
         raise TypeError(f"not an effect: {effect!r}")
+
+    async def get_many(self, effect: GetMany) -> list[StoredObject]:
+        """Each object as the caller, at most ``effect.concurrency`` reads in flight; the first
+        refusal cancels the others (a part naming 1000 deleted images costs at most that many
+        more requests, not 999)."""
+        gate = asyncio.Semaphore(effect.concurrency)
+        swift, caller = self.state.swift, self.caller
+
+        async def one(obj: str) -> StoredObject:
+            async with gate:
+                return await swift.get(
+                    caller, effect.container, obj, max_bytes=effect.max_bytes_each
+                )
+
+        tasks = [asyncio.create_task(one(obj)) for obj in effect.objs]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def run(self, flow: Flow[T]) -> T:
         """Run ``flow`` for this host's caller."""

@@ -24,7 +24,13 @@ from hapi_core.adaptation import make_demand, new_request_id
 from hapi_core.admission import admit_model, input_transform
 from hapi_core.errors import InvalidRequestError, InvalidShardError, PayloadTooLargeError
 from hapi_core.estimates import model_footprint
-from hapi_core.extraction import plan_weights, read_shard, release_model, reserve_and_load
+from hapi_core.extraction import (
+    plan_weights,
+    read_samples,
+    release_model,
+    reserve_and_load,
+    source_of,
+)
 
 from .extraction import ServerHost
 from .state import ServerState
@@ -57,13 +63,15 @@ async def gather_bounded(factories: Sequence[Callable[[], Awaitable[T]]], limit:
 
 
 async def _read_samples(
-    state: ServerState, caller: Caller, container: str, shards: list[str], num_classes: int
+    state: ServerState, caller: Caller, req: FinetuneRequest, shards: list[str]
 ) -> tuple[list[list[bytes]], list[list[int]]]:
     """Images and labels per shard, in the request's shard order, each shard checked as
-    ``/v1/extract`` checks it (format, sample count, every image's header)."""
+    ``/v1/extract`` checks it (format, sample count, a folder part's images against their
+    pins, every image's header), in the request's layout."""
     host = ServerHost(state, caller)
+    num_classes = req.model.num_classes
     read = [
-        functools.partial(host.run, read_shard(state, container, name, num_classes))
+        functools.partial(host.run, read_samples(state, source_of(req, name), num_classes))
         for name in shards
     ]
     results = await gather_bounded(read, state.settings.swift_read_concurrency)
@@ -193,9 +201,7 @@ async def run_finetune(
     plan = await host.run(plan_weights(state, req.model, scheduler))
     try:
         names = [*req.shards, *req.eval_shards]
-        all_images, all_labels = await _read_samples(
-            state, caller, req.container, names, req.model.num_classes
-        )
+        all_images, all_labels = await _read_samples(state, caller, req, names)
         n = len(req.shards)
         images, labels = all_images[:n], all_labels[:n]
         eval_images, eval_labels = all_images[n:], all_labels[n:]

@@ -67,6 +67,8 @@ class FilterConfig(BaseModel):
     max_weights_bytes: Annotated[int, Field(ge=1024)] = 2 * GiB
     max_image_pixels: Annotated[int, Field(ge=1)] = 40_000_000
     max_samples_per_request: Annotated[int, Field(ge=1)] = 10_000
+    max_image_bytes: Annotated[int, Field(ge=1024)] = 16 * MiB
+    object_read_concurrency: Annotated[int, Field(ge=1, le=1024)] = 16
 
     @field_validator("hapi_servers", mode="before")
     @classmethod
@@ -123,6 +125,8 @@ class FilterConfig(BaseModel):
             max_weights_bytes=self.max_weights_bytes,
             max_image_pixels=self.max_image_pixels,
             max_samples_per_request=self.max_samples_per_request,
+            max_image_bytes=self.max_image_bytes,
+            object_read_concurrency=self.object_read_concurrency,
         )
 
     @classmethod

@@ -8,7 +8,9 @@ one that waits too long a 504, a full queue a 503), head execution, frames and l
 What is this module's own is how the core's effects are performed here:
 
 * reads go through the rest of the proxy pipeline as the caller (a HEAD or GET subrequest), so
-  tempauth or keystone and the container ACLs decide, as for any GET;
+  tempauth or keystone and the container ACLs decide, as for any GET; the images of a
+  ``folder`` dataset's part are GET subrequests from a pool of green threads, at most
+  ``object_read_concurrency`` at once;
 * compute (importing torch, profiling, checking the shard, building the model, every COS
   batch, timing) runs through ``eventlet.tpool.execute``: the proxy is one eventlet hub, and CPU
   or GPU work on it would stall every other request;
@@ -25,7 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import eventlet
-from eventlet import tpool
+from eventlet import GreenPool, tpool
 from eventlet.event import Event
 from eventlet.semaphore import Semaphore
 from pydantic import ValidationError
@@ -49,8 +51,10 @@ if TYPE_CHECKING:
         DeviceScheduler,
         Effect,
         ExtractionJob,
+        GetMany,
         PreparedExtraction,
         Reservation,
+        StoredObject,
     )
     from hapi_core.solver import Demand
 
@@ -103,7 +107,7 @@ class _ProxyHost:
         self._app = app
 
     def perform(self, effect: Effect) -> Any:
-        from hapi_core import Compute, Get, Head, ObjectInfo, Reserve, StoredObject
+        from hapi_core import Compute, Get, GetMany, Head, ObjectInfo, Reserve
 
         match effect:
             case Head(container, obj):
@@ -111,15 +115,47 @@ class _ProxyHost:
                 etag, size = stat_object(self._env, self._app, path, f"{container}/{obj}")
                 return ObjectInfo(etag, size)
             case Get(container, obj, max_bytes):
-                path = object_path(self._account, container, obj)
-                what = f"{container}/{obj}"
-                data, etag = read_object(self._env, self._app, path, what, limit=max_bytes)
-                return StoredObject(data, etag)
+                return self._get(container, obj, max_bytes)
+            case GetMany():
+                return self._get_many(effect)
             case Compute(work):
                 return tpool.execute(work)
             case Reserve(scheduler, demand, pinned, refresh):
                 return _wait_for_memory(scheduler, demand, pinned, refresh)
         raise TypeError(f"not an effect: {effect!r}")
+
+    def _get(self, container: str, obj: str, max_bytes: int) -> StoredObject:
+        from hapi_core import StoredObject
+
+        path = object_path(self._account, container, obj)
+        what = f"{container}/{obj}"
+        data, etag = read_object(self._env, self._app, path, what, limit=max_bytes)
+        return StoredObject(data, etag)
+
+    def _get_many(self, effect: GetMany) -> list[StoredObject]:
+        """Green threads, one GET subrequest each, at most ``effect.concurrency`` at once; the
+        first refusal kills the others (their subrequests close as they unwind)."""
+        pool = GreenPool(effect.concurrency)
+        failed: list[BaseException] = []
+
+        def one(obj: str) -> StoredObject:
+            try:
+                return self._get(effect.container, obj, effect.max_bytes_each)
+            except BaseException as exc:
+                failed.append(exc)
+                raise
+
+        reads = []
+        try:
+            for obj in effect.objs:
+                if failed:  # no more reads once one is refused; wait() below raises it
+                    break
+                # spawn waits for a free green thread: at most `concurrency` reads in flight.
+                reads.append(pool.spawn(one, obj))
+            return [read.wait() for read in reads]
+        finally:
+            for read in reads:
+                read.kill()
 
 
 class _FrameStream:

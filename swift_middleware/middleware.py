@@ -61,6 +61,9 @@ max_object_bytes            1 GiB        in_proxy: largest shard
 max_weights_bytes           2 GiB        in_proxy: largest weights object
 max_image_pixels            40000000     in_proxy: largest image
 max_samples_per_request     10000        in_proxy: most samples in a shard
+max_image_bytes             16 MiB       in_proxy: largest image object (in place) or tar member
+object_read_concurrency     16           in_proxy: image objects of a folder dataset's part one
+                                         request reads at once (GET subrequests)
 ==========================  ===========  ======================================================
 """
 

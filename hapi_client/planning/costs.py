@@ -25,13 +25,16 @@ from torch.nn import functional
 
 from hapi_contract import (
     Compression,
+    DatasetLayout,
     OutputDtype,
+    ShardSource,
     TimingsRequest,
     TransformSpec,
     images_in_prefix,
 )
 
 from ..errors import ConfigurationError, HapiClientError
+from ..shard_loaders import read_source
 from .time_rule import ClientCosts, ServerCosts
 
 if TYPE_CHECKING:
@@ -135,16 +138,24 @@ def measure_client_costs(
 
 
 def _sample_images(
-    swift: SwiftSession, container: str, shard: str, stored_bytes_per_sample: float
+    swift: SwiftSession, source: ShardSource, stored_bytes_per_sample: float
 ) -> tuple[list[bytes], float]:
-    """The first images of ``shard`` and the rate they came at (a ranged read that also feeds
-    the bandwidth estimate)."""
-    if swift.bandwidth is None or swift.bandwidth.bytes_per_s is None:
-        nbytes = 8 << 20  # the bandwidth probe's usual size: long enough to time
-    else:
-        nbytes = int((DECODE_SAMPLES + 1) * (stored_bytes_per_sample + 1536))
-    rate, data = swift.read_prefix(container, shard, nbytes)
-    return images_in_prefix(data, DECODE_SAMPLES), rate
+    """The first images of a shard and the rate they came at (a ranged read of a tar, which
+    also feeds the bandwidth estimate). A ``folder`` part's images, or a tar whose prefix holds
+    none the strict reader knows (gzip, ``.webp``), are read whole in their layout."""
+    if source.layout is not DatasetLayout.FOLDER:
+        if swift.bandwidth is None or swift.bandwidth.bytes_per_s is None:
+            nbytes = 8 << 20  # the bandwidth probe's usual size: long enough to time
+        else:
+            nbytes = int((DECODE_SAMPLES + 1) * (stored_bytes_per_sample + 1536))
+        rate, data = swift.read_prefix(source.container, source.shard, nbytes)
+        images = images_in_prefix(data, DECODE_SAMPLES)
+        if images:
+            return images, rate
+    began = time.perf_counter()
+    samples, nbytes = read_source(swift, source)
+    rate = nbytes / max(time.perf_counter() - began, 1e-9)
+    return [s.image_bytes for s in samples[:DECODE_SAMPLES]], rate
 
 
 def measure_pipeline_costs(
@@ -162,9 +173,8 @@ def measure_pipeline_costs(
     are read from ``swift``, the server's timings asked for through ``transport``."""
     manifest = prepared.manifest
     shard = manifest.shards[0]
-    images, rate = _sample_images(
-        swift, container, shard.name, manifest.mean_shard_bytes_per_sample
-    )
+    source = ShardSource.of(manifest, container, 0)
+    images, rate = _sample_images(swift, source, manifest.mean_shard_bytes_per_sample)
     began = time.perf_counter()
     client_costs = measure_client_costs(
         prepared.net, prepared.transform, prepared.freeze_index, images, device
@@ -181,8 +191,11 @@ def measure_pipeline_costs(
             client_costs, None, "the freeze index is 0: nothing to push down", rate
         )
     req = TimingsRequest(
-        container=container,
-        shard=shard.name,
+        container=source.container,
+        shard=source.shard,
+        layout=source.layout,
+        data_container=source.data_container,
+        label_field=source.label_field,
         model=prepared.stored.ref(),
         split_index=freeze,
         transform=TransformSpec.model_validate(prepared.transform),

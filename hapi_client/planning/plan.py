@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from hapi_contract import Compression, DatasetManifest, OutputDtype, wire_itemsize
+from hapi_contract import Compression, DatasetManifest, OutputDtype, ShardSource, wire_itemsize
 
 from ..errors import ConfigurationError
 from .costs import PipelineCosts, measure_pipeline_costs
@@ -160,7 +160,8 @@ def plan_split(
             if measured is not None and measured.probed_bytes_per_s is not None:
                 bandwidth = measured.probed_bytes_per_s
             else:
-                probed = client.swift.probe(container, manifest.shards[0].name)
+                first = ShardSource.of(manifest, container, 0)
+                probed = client.swift.probe(first.container, first.shard)
                 bandwidth = client.bandwidth.bytes_per_s or probed
         decision = decide_split(
             prof, manifest, batch_size, bandwidth, freeze, output_dtype, choice, measured

@@ -1,0 +1,169 @@
+"""Datasets indexed in place through the filter, in both executions (real proxy, real Swift).
+
+A request goes to the shard's own URL: a folder dataset's part (beside its manifest) or a
+WebDataset tar (in the data container). The filter authorises that object as the caller; the
+images of a part are then read as the caller too (by the HAPI server, or by GET subrequests in
+the proxy), so Swift's ACLs decide for each of them.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from swiftclient.client import Connection
+
+from hapi_stack import RunningStack
+from tests.in_place_data import InPlace, put_folder_dataset, webdataset_tar
+from tests.swift_middleware.mw_support import (
+    MW_MODELS,
+    MwData,
+    ProxyProcess,
+    extract,
+    shard_url,
+)
+
+pytestmark = pytest.mark.swift
+
+WDS_SHARD = "wds/shard-0000.tar"
+EXECUTIONS = ("decoupled", "in_proxy")
+
+
+def _unique(tag: str) -> str:
+    return f"mw-inplace-{tag}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def folder(swift_stack: RunningStack, mw_data: MwData) -> Iterator[InPlace]:
+    """The filter tests' 12 images as single objects in parts of 5 (5, 5, 2), and as a
+    WebDataset tar in the same data container."""
+    conn = swift_stack.connection()
+    data = put_folder_dataset(
+        conn, _unique("index"), _unique("images"), mw_data.images, mw_data.labels, part_size=5
+    )
+    tar = webdataset_tar(mw_data.images, mw_data.labels, label_field="label")
+    conn.put_object(data.data, WDS_SHARD, tar)
+    conn.close()
+    yield data
+
+
+@pytest.fixture(params=EXECUTIONS)
+def proxy(
+    request: pytest.FixtureRequest, decoupled_proxy: ProxyProcess, in_proxy_proxy: ProxyProcess
+) -> ProxyProcess:
+    return decoupled_proxy if request.param == "decoupled" else in_proxy_proxy
+
+
+def _body(mw_data: MwData, folder: InPlace, **extra: Any) -> dict[str, Any]:
+    body = mw_data.body("resnet18", 4, output_dtype="float32", b_max=4)
+    body.update(layout="folder", data_container=folder.data, **extra)
+    return body
+
+
+# Requests may run at other COS batch sizes: float32 sums in another order.
+CLOSE = {"rtol": 1e-4, "atol": 1e-5}
+
+
+def test_folder_parts_give_the_uploaded_shards_features(
+    proxy: ProxyProcess, mw_data: MwData, folder: InPlace
+) -> None:
+    whole = extract(
+        shard_url(proxy), mw_data.body("resnet18", 4, output_dtype="float32"), mw_data.headers()
+    )
+    assert whole.status == 200, whole.body
+    features, labels = [], []
+    for part in folder.parts:
+        got = extract(
+            shard_url(proxy, folder.index, part), _body(mw_data, folder), mw_data.headers()
+        )
+        assert got.status == 200, got.body
+        features.append(got.features())
+        labels += got.labels()
+    assert labels == mw_data.labels
+    torch.testing.assert_close(torch.cat(features), whole.features(), **CLOSE)
+
+
+def test_a_webdataset_tar_gives_the_uploaded_shards_features(
+    proxy: ProxyProcess, mw_data: MwData, folder: InPlace
+) -> None:
+    whole = extract(
+        shard_url(proxy), mw_data.body("resnet18", 4, output_dtype="float32"), mw_data.headers()
+    )
+    body = mw_data.body(
+        "resnet18", 4, output_dtype="float32", layout="webdataset", label_field="label"
+    )
+    got = extract(shard_url(proxy, folder.data, WDS_SHARD), body, mw_data.headers())
+    assert got.status == 200, got.body
+    assert got.labels() == mw_data.labels
+    torch.testing.assert_close(got.features(), whole.features(), **CLOSE)
+
+
+def _mutable(swift_stack: RunningStack, mw_data: MwData, tag: str) -> InPlace:
+    conn = swift_stack.connection()
+    try:
+        return put_folder_dataset(
+            conn,
+            _unique(f"{tag}-index"),
+            _unique(f"{tag}-images"),
+            mw_data.images[:3],
+            mw_data.labels[:3],
+            part_size=3,
+        )
+    finally:
+        conn.close()
+
+
+def _error(got: Any) -> dict[str, Any]:
+    detail: dict[str, Any] = json.loads(got.body)
+    return detail
+
+
+def test_an_image_overwritten_after_indexing_is_a_409_naming_it(
+    proxy: ProxyProcess,
+    mw_data: MwData,
+    folder: InPlace,
+    swift_stack: RunningStack,
+    swift_conn: Connection,
+) -> None:
+    changed = _mutable(swift_stack, mw_data, "changed")
+    swift_conn.put_object(changed.data, changed.names[2], mw_data.images[7])
+    url = shard_url(proxy, changed.index, changed.parts[0])
+    got = extract(url, _body(mw_data, changed), mw_data.headers())
+    assert got.status == 409, got.body
+    error = _error(got)
+    assert error["code"] == "object_changed"
+    assert f"{changed.data}/{changed.names[2]}" in error["detail"]
+    # Served on: the unchanged dataset still works through the same proxy.
+    ok = extract(
+        shard_url(proxy, folder.index, folder.parts[-1]), _body(mw_data, folder), mw_data.headers()
+    )
+    assert ok.status == 200 and ok.labels() == mw_data.labels[10:]
+
+
+def test_a_second_user_reads_the_images_only_with_a_read_acl(
+    proxy: ProxyProcess, mw_data: MwData, swift_stack: RunningStack, swift_conn: Connection
+) -> None:
+    shared = _mutable(swift_stack, mw_data, "acl")
+    reader = swift_stack.other_user
+    url = shard_url(proxy, shared.index, shared.parts[0])
+    body = _body(mw_data, shared)
+    headers = mw_data.headers(mw_data.other_token)
+    # No ACL at all: the filter's own authorisation of the part refuses.
+    assert extract(url, body, headers).status == 403
+    swift_conn.post_container(shared.index, {"X-Container-Read": reader})
+    swift_conn.post_container(MW_MODELS, {"X-Container-Read": reader})
+    try:
+        # The part may be read, its images not: refused naming the image, not served.
+        got = extract(url, body, headers)
+        assert got.status == 403, got.body
+        assert f"{shared.data}/img/" in _error(got)["detail"]
+        swift_conn.post_container(shared.data, {"X-Container-Read": reader})
+        got = extract(url, body, headers)
+        assert got.status == 200, got.body
+        assert got.labels() == mw_data.labels[:3]
+    finally:
+        swift_conn.post_container(MW_MODELS, {"X-Container-Read": ""})

@@ -35,6 +35,7 @@ COMMAND_MODULES = [
     "hapi_cli.upload_cmd",
     "hapi_cli.dataset_cmd",
     "hapi_cli.model_cmd",
+    "hapi_cli.models_cmd",
     "hapi_cli.finetune_cmd",
     "hapi_cli.demo_cmd",
     "hapi_cli.bench_cmd",

@@ -593,6 +593,7 @@ def write_report(results_dir: Path, out_path: Path) -> Path:
         for name in (
             "e2e",
             "oracle",
+            "backbones",
             "split",
             "tenants",
             "adaptation",
@@ -656,6 +657,11 @@ def write_report(results_dir: Path, out_path: Path) -> Path:
         lines += _e2e_section(loaded["e2e"], img)
     if loaded["oracle"]:
         lines += _oracle_section(loaded["oracle"])
+    if loaded["backbones"]:
+        # Here: that module builds on this one's markdown_table.
+        from .report_backbones import backbones_section
+
+        lines += backbones_section(loaded["backbones"])
     if loaded["split"]:
         lines += _split_section(loaded["split"], img)
     if loaded["tenants"]:

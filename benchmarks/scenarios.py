@@ -1,7 +1,8 @@
 """The scenarios of ``hapi bench`` and how to run them.
 
 Scenarios that need the stack run on one testbed (one namespace session, one stack start shared
-where their settings allow); the others (``split``, ``gars``) run in this process.
+where their settings allow); the others (``split``, ``gars``, ``startup``, ``backbones``) run
+in this process.
 """
 
 from __future__ import annotations
@@ -56,6 +57,13 @@ SCENARIOS: dict[str, Scenario] = {
             False,
         ),
         Scenario(
+            "backbones",
+            "modern backbones (ViT, Swin, ConvNeXt, ...): bytes per split, each rule's split at "
+            "5/50/1000 Mbit/s, modelled oracle; costs measured on this CPU",
+            "hapi_bench.scenario_backbones:run_backbones",
+            False,
+        ),
+        Scenario(
             "e2e",
             "epoch time and bytes/iteration of BASELINE, HAPI, ALL_IN_COS over shaped links "
             "(Fig 5.9, 5.10)",
@@ -89,7 +97,7 @@ SCENARIOS: dict[str, Scenario] = {
     )
 }
 #: The order of ``all``: the fast, stack-free ones first.
-ORDER = ("split", "gars", "startup", "e2e", "oracle", "tenants", "adaptation", "proxy")
+ORDER = ("split", "gars", "startup", "backbones", "e2e", "oracle", "tenants", "adaptation", "proxy")
 
 
 def _function(entry: str) -> Callable[..., int]:

@@ -13,7 +13,17 @@ from hapi_cli.main import main
 def test_bench_list_names_every_scenario(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "list"]) == 0
     out = capsys.readouterr().out
-    names = {"e2e", "split", "tenants", "adaptation", "gars", "startup", "oracle", "proxy"}
+    names = {
+        "e2e",
+        "split",
+        "tenants",
+        "adaptation",
+        "gars",
+        "startup",
+        "backbones",
+        "oracle",
+        "proxy",
+    }
     for name in names:
         assert name in out
     assert set(ORDER) == names

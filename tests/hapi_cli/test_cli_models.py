@@ -146,3 +146,23 @@ def test_unknown_name_exits_2_with_the_registrys_error(
 def test_jpeg_size_must_be_positive(capsys: pytest.CaptureFixture[str], value: str) -> None:
     code, _, err = _run(capsys, "--jpeg-kb", value)
     assert code == 2 and "--jpeg-kb" in err
+
+
+def test_listing_goes_on_past_a_network_that_cannot_be_traced(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = hapi_models.split_points
+
+    def split_points(arch: str) -> list[hapi_models.SplitPoint]:
+        if arch == "alexnet":
+            raise hapi_models.UntraceableModelError("alexnet: a data-dependent branch")
+        return real(arch)
+
+    monkeypatch.setattr(hapi_models, "list_models", lambda: ["alexnet", "mobilenet_v3_small"])
+    monkeypatch.setattr(hapi_models, "split_points", split_points)
+    code, out, err = _run(capsys, "--json")
+    assert code == 1
+    listing = json.loads(out)
+    assert [m["name"] for m in listing["models"]] == ["mobilenet_v3_small"]
+    assert listing["failed"] == {"alexnet": "alexnet: a data-dependent branch"}
+    assert err.strip() == "hapi: error: alexnet: alexnet: a data-dependent branch"

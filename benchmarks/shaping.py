@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import shutil
 import socket
 import subprocess
 import threading
@@ -33,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from .errors import ShapingError
+from .netns import VethEnd, add_veth_pair, netns_support, run_in
 
 if TYPE_CHECKING:  # hapi_client imports torch: the storage agent has no use for it
     from hapi_client import HapiClient, TokenBucket
@@ -73,26 +71,15 @@ def mbit_to_bytes(mbit: float) -> float:
     return mbit * 1e6 / 8
 
 
-def _run(command: list[str], netns_pid: int | None = None) -> str:
-    if netns_pid is not None:
-        command = ["nsenter", f"--net=/proc/{netns_pid}/ns/net", "--", *command]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise ShapingError(command, done.stdout + done.stderr)
-    return done.stdout
-
-
 @functools.cache
 def shaping_support() -> str | None:
     """None when tc shaping in private network namespaces works here, else why not.
 
     Checked by doing it once: a throwaway namespace with a veth pair and an htb qdisc.
     """
-    if os.geteuid() != 0:
-        return "not root: network namespaces and tc need CAP_NET_ADMIN"
-    for tool in ("unshare", "nsenter", "ip", "tc"):
-        if shutil.which(tool) is None:
-            return f"`{tool}` is not installed"
+    reason = netns_support(("unshare", "nsenter", "ip", "tc"))
+    if reason is not None:
+        return reason
     probe = (
         "ip link set lo up && ip link add hapi-p0 type veth peer name hapi-p1 && "
         "tc qdisc add dev hapi-p0 root handle 1: htb default 10 && "
@@ -145,29 +132,13 @@ class NetnsLink:
     def create(cls, peer_pid: int) -> NetnsLink:
         """Build the pair: this end is ``CLIENT_ADDR``, the peer's ``STORAGE_ADDR``; unshaped."""
         link = cls(peer_pid)
-        _run(["ip", "link", "set", "lo", "up"])
-        _run(
-            [
-                "ip",
-                "link",
-                "add",
-                CLIENT_IFACE,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                STORAGE_IFACE,
-                "netns",
-                str(peer_pid),
-            ]
+        add_veth_pair(
+            VethEnd(CLIENT_IFACE, CLIENT_ADDR),
+            VethEnd(STORAGE_IFACE, STORAGE_ADDR, peer_pid),
+            _PREFIX,
         )
-        for iface, addr, pid in (
-            (CLIENT_IFACE, CLIENT_ADDR, None),
-            (STORAGE_IFACE, STORAGE_ADDR, peer_pid),
-        ):
-            _run(["ip", "addr", "add", f"{addr}/{_PREFIX}", "dev", iface], pid)
-            _run(["ip", "link", "set", iface, "up"], pid)
-            _run(
+        for iface, pid in ((CLIENT_IFACE, None), (STORAGE_IFACE, peer_pid)):
+            run_in(
                 [
                     "tc",
                     "qdisc",
@@ -183,7 +154,7 @@ class NetnsLink:
                 ],
                 pid,
             )
-            _run(link._class_command("add", iface, _OPEN_MBIT), pid)
+            run_in(link._class_command("add", iface, _OPEN_MBIT), pid)
         log.info(
             "veth %s (%s) <-> %s (%s, pid %d's namespace)",
             CLIENT_IFACE,
@@ -229,8 +200,8 @@ class NetnsLink:
         if mbit == self._rate:
             return
         value = _OPEN_MBIT if mbit is None else mbit
-        _run(self._class_command("change", CLIENT_IFACE, value))
-        _run(self._class_command("change", STORAGE_IFACE, value), self.peer_pid)
+        run_in(self._class_command("change", CLIENT_IFACE, value))
+        run_in(self._class_command("change", STORAGE_IFACE, value), self.peer_pid)
         self._rate = mbit
         log.info("link rate: %s", "unshaped" if mbit is None else f"{mbit:g} Mbit/s")
 

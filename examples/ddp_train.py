@@ -6,7 +6,8 @@
 Each rank streams the features of its own shards (FeatureDataset reads the rank and world size
 from torch.distributed) and every rank gets the same number of batches, even when the shards
 do not divide evenly, so DDP's all-reduce never waits on a rank that ran out. NCCL with a GPU
-per rank, else gloo on the CPU. Rank 0 saves the fine-tuned model.
+per rank, else gloo on the CPU. Every rank prints the sha256 of its weights; rank 0 saves the
+fine-tuned model.
 """
 
 from __future__ import annotations
@@ -90,8 +91,12 @@ def _train(args: argparse.Namespace, device: torch.device, cuda: bool) -> None:
                     f"{time.perf_counter() - start:.1f} s"
                 )
             _say(f"rank {rank}: {seen} samples, {batches} batches")
+        # Every rank names what it trained: DDP keeps the replicas equal, the digests show it.
+        full = local.full_model().cpu()
+        weights = hapi_models.sha256_hex(hapi_models.weights_to_bytes(full))
+        _say(f"rank {rank}: weights sha256 {weights}")
         if rank == 0:
-            digest = hapi_models.save_weights(local.full_model().cpu(), args.output)
+            digest = hapi_models.save_weights(full, args.output)
             _say(f"saved {args.output} (sha256 {digest[:12]}...)")
 
 

@@ -6,14 +6,15 @@
 Each rank streams the features of its own shards (FeatureDataset reads the rank and world size
 from torch.distributed) and every rank gets the same number of batches, even when the shards
 do not divide evenly, so DDP's all-reduce never waits on a rank that ran out. NCCL with a GPU
-per rank, else gloo on the CPU. Every rank prints the sha256 of its weights; rank 0 saves the
-fine-tuned model.
+per rank, else gloo on the CPU. Every rank prints the sha256 of its parameters; rank 0 saves
+the fine-tuned model.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import os
 import sys
 import time
@@ -91,13 +92,22 @@ def _train(args: argparse.Namespace, device: torch.device, cuda: bool) -> None:
                     f"{time.perf_counter() - start:.1f} s"
                 )
             _say(f"rank {rank}: {seen} samples, {batches} batches")
-        # Every rank names what it trained: DDP keeps the replicas equal, the digests show it.
         full = local.full_model().cpu()
-        weights = hapi_models.sha256_hex(hapi_models.weights_to_bytes(full))
-        _say(f"rank {rank}: weights sha256 {weights}")
+        _say(f"rank {rank}: parameters sha256 {_parameters_digest(full)}")
         if rank == 0:
             digest = hapi_models.save_weights(full, args.output)
             _say(f"saved {args.output} (sha256 {digest[:12]}...)")
+
+
+def _parameters_digest(model: torch.nn.Module) -> str:
+    # DDP keeps the parameters equal on every rank; the digests show it. Not the buffers:
+    # DDP sends rank 0's BatchNorm statistics before each forward, which then updates them
+    # with the rank's own batch, so they differ after the last step (rank 0's are saved).
+    digest = hashlib.sha256()
+    for name, param in model.named_parameters():
+        digest.update(name.encode())
+        digest.update(param.detach().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _say(line: str) -> None:

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     )
     from .feature_cache import FeatureCache
     from .feature_dataset import FeatureDataset, LocalModel
+    from .feature_store import DiskFeatureCache
     from .finetune import MODES, EpochMetrics, FinetuneResult, run_finetune
     from .model_store import (
         StoredModel,
@@ -54,6 +55,7 @@ __all__ = [
     "BandwidthEstimator",
     "ConfigurationError",
     "DeliveryError",
+    "DiskFeatureCache",
     "EpochMetrics",
     "ExtractOptions",
     "FeatureCache",

@@ -40,7 +40,15 @@ from .errors import (
 from .launcher import launch, launch_many, torchrun_command
 from .messages import GradientMessage, UpdateMessage
 from .replica import flat_gradient, set_flat_gradient, state_checksum, trainable_parameters
-from .schedule import EpochSchedule, Segment, assign_shards, round_totals, scale_sizes
+from .schedule import (
+    EpochSchedule,
+    Segment,
+    assign_shards,
+    remaining_sizes,
+    resumed_totals,
+    round_totals,
+    scale_sizes,
+)
 from .trainer import DistributedEpochMetrics, DistributedResult, distributed_finetune, run_sequence
 
 __all__ = [
@@ -66,6 +74,8 @@ __all__ = [
     "flat_gradient",
     "launch",
     "launch_many",
+    "remaining_sizes",
+    "resumed_totals",
     "round_totals",
     "run_sequence",
     "scale_sizes",

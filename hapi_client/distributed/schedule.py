@@ -15,6 +15,14 @@ Every rank derives the same schedule from the seed, the manifest and the per-rou
   (its share outgrew its shards under LB-BSP, or the shards do not divide evenly) it takes
   the rest from the *tail* of the stream with the most samples left, fetching that shard too.
   Every sample of the epoch is used exactly once across the workers.
+- **Resuming** (after a restart, maybe with another number of workers): the epoch's progress is
+  a mask over its samples (:meth:`EpochSchedule.done_mask`, indexed by shard then index within
+  the shard, so it does not depend on the world); a resumed schedule keeps only the samples
+  not yet done, and its rounds are :func:`resumed_totals`. With the same world and the same
+  owners the streams resume exactly where they stopped (a prefix and a suffix of each stream
+  were consumed), so the rounds are those an uninterrupted run would have trained; with another
+  world the remaining samples are dealt again (:func:`remaining_sizes` to
+  :func:`assign_shards`).
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ __all__ = [
     "EpochSchedule",
     "Segment",
     "assign_shards",
+    "remaining_sizes",
+    "resumed_totals",
     "round_totals",
     "scale_sizes",
 ]
@@ -84,6 +94,35 @@ def round_totals(total: int, global_batch: int, n_workers: int) -> list[int]:
     return [global_batch] * (full - 1) + [global_batch + rest]
 
 
+def resumed_totals(
+    epoch_total: int, rounds_done: int, remaining: int, global_batch: int, n_workers: int
+) -> list[int]:
+    """The rounds left in an epoch of ``epoch_total`` samples after ``rounds_done`` rounds.
+
+    The rest of the uninterrupted epoch's :func:`round_totals` when they cover the ``remaining``
+    samples and give each of ``n_workers`` one (always so in the same world), else the
+    ``remaining`` samples cut afresh.
+    """
+    full = round_totals(epoch_total, global_batch, n_workers)[rounds_done:]
+    if sum(full) == remaining and all(t >= n_workers for t in full):
+        return full
+    if remaining == 0:
+        return []
+    return round_totals(remaining, global_batch, n_workers)
+
+
+def remaining_sizes(shard_sizes: Sequence[int], done: torch.Tensor | None) -> list[int]:
+    """Samples of each shard not yet ``done`` this epoch (``done``: see :meth:`EpochSchedule.done_mask`)."""
+    if done is None:
+        return list(shard_sizes)
+    left = []
+    offset = 0
+    for size in shard_sizes:
+        left.append(size - int(done[offset : offset + size].sum()))
+        offset += size
+    return left
+
+
 def scale_sizes(sizes: Sequence[int], total: int) -> list[int]:
     """``sizes`` rescaled to sum to ``total`` (largest remainders), every worker keeping >= 1."""
     n = len(sizes)
@@ -113,23 +152,63 @@ class EpochSchedule:
     """The sample streams of one epoch and the round-by-round slices cut from them."""
 
     def __init__(
-        self, plan: EpochPlan, shard_sizes: Sequence[int], owners: Sequence[Sequence[int]]
+        self,
+        plan: EpochPlan,
+        shard_sizes: Sequence[int],
+        owners: Sequence[Sequence[int]],
+        *,
+        done: torch.Tensor | None = None,
     ) -> None:
         self.plan = plan
         self.n_workers = len(owners)
         self.shard_sizes = list(shard_sizes)
+        self.epoch_samples = sum(self.shard_sizes)
+        self._offsets = [0]
+        for size in self.shard_sizes[:-1]:
+            self._offsets.append(self._offsets[-1] + size)
+        if done is not None and (done.dtype != torch.bool or done.shape != (self.epoch_samples,)):
+            raise ScheduleError(
+                f"the epoch's done mask must be {self.epoch_samples} booleans, "
+                f"got {done.dtype} of shape {tuple(done.shape)}"
+            )
+        self._done_before = (
+            torch.zeros(self.epoch_samples, dtype=torch.bool) if done is None else done.clone()
+        )
         position = {s: i for i, s in enumerate(plan.shard_order)}
         self._shards: list[torch.Tensor] = []
         self._indices: list[torch.Tensor] = []
         for owned in owners:
             ordered = sorted(owned, key=lambda s: position[s])
-            shards = [torch.full((shard_sizes[s],), s, dtype=torch.int64) for s in ordered]
-            perms = [plan.permutation(s, shard_sizes[s]) for s in ordered]
+            shards, perms = [], []
+            for s in ordered:
+                perm = plan.permutation(s, shard_sizes[s])
+                if done is not None:
+                    perm = perm[~done[self._offsets[s] + perm]]
+                shards.append(torch.full((len(perm),), s, dtype=torch.int64))
+                perms.append(perm)
             self._shards.append(torch.cat(shards) if shards else torch.empty(0, dtype=torch.int64))
             self._indices.append(torch.cat(perms) if perms else torch.empty(0, dtype=torch.int64))
         self._heads = [0] * self.n_workers
         self._tails = [len(s) for s in self._shards]
+        #: Samples this schedule deals (the whole epoch, or what a resumed one had left).
         self.total = sum(self._tails)
+        covered = self.total + int(self._done_before.sum())
+        if covered != self.epoch_samples:
+            raise ScheduleError(
+                f"the owners cover {covered} of the epoch's {self.epoch_samples} samples"
+            )
+
+    def done_mask(self) -> torch.Tensor:
+        """Which samples of the epoch are done (given before, or consumed since), world-free:
+        ``mask[offset(shard) + index]`` with shards in index order."""
+        mask = self._done_before.clone()
+        for r in range(self.n_workers):
+            for part in (slice(0, self._heads[r]), slice(self._tails[r], None)):
+                shards = self._shards[r][part]
+                if len(shards):
+                    offsets = torch.tensor(self._offsets, dtype=torch.int64)[shards]
+                    mask[offsets + self._indices[r][part]] = True
+        return mask
 
     @property
     def remaining(self) -> int:

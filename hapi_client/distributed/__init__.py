@@ -23,13 +23,16 @@ Modules: :mod:`.config`, :mod:`.schedule` (who trains on which samples), :mod:`.
 which uses :mod:`.setup` (device, backend, the model replica), :mod:`.rendezvous` (opening the
 side channel), :mod:`.rounds` (one round on the aggregator and on a worker), :mod:`.attacker`
 (forged replies), :mod:`.epoch_end` (replica check, totals, evaluation) and :mod:`.results`;
-:mod:`.launcher` (torchrun), :mod:`.errors`.
+:mod:`.checkpoint` (resume after a restart, in the same or another world), :mod:`.sample_log`
+(which samples each rank was dealt, for audits); :mod:`.launcher` (torchrun), :mod:`.errors`.
 """
 
 from .channel import AggregatorChannel, GatherResult, WorkerChannel
+from .checkpoint import Checkpoint, load_checkpoint, round_seed, save_checkpoint
 from .config import DistributedConfig
 from .errors import (
     ChannelError,
+    CheckpointError,
     DistributedConfigError,
     DistributedError,
     GatherTimeoutError,
@@ -40,6 +43,7 @@ from .errors import (
 from .launcher import launch, launch_many, torchrun_command
 from .messages import GradientMessage, UpdateMessage
 from .replica import flat_gradient, set_flat_gradient, state_checksum, trainable_parameters
+from .sample_log import SampleLog, delivered, read_sample_log
 from .schedule import (
     EpochSchedule,
     Segment,
@@ -54,6 +58,8 @@ from .trainer import DistributedEpochMetrics, DistributedResult, distributed_fin
 __all__ = [
     "AggregatorChannel",
     "ChannelError",
+    "Checkpoint",
+    "CheckpointError",
     "DistributedConfig",
     "DistributedConfigError",
     "DistributedEpochMetrics",
@@ -67,17 +73,23 @@ __all__ = [
     "ReplicaDivergenceError",
     "ScheduleError",
     "Segment",
+    "SampleLog",
     "UpdateMessage",
     "WorkerChannel",
     "assign_shards",
+    "delivered",
     "distributed_finetune",
     "flat_gradient",
     "launch",
     "launch_many",
+    "load_checkpoint",
+    "read_sample_log",
     "remaining_sizes",
     "resumed_totals",
+    "round_seed",
     "round_totals",
     "run_sequence",
+    "save_checkpoint",
     "scale_sizes",
     "set_flat_gradient",
     "state_checksum",

@@ -70,6 +70,14 @@ class DistributedConfig:
     the bind address if one is given, else torch's ``MASTER_ADDR``, a name each worker resolves
     for itself). Rank 0's node may set them with ``HAPI_CHANNEL_BIND``/``HAPI_CHANNEL_ADVERTISE``
     instead.
+
+    Restarts (:mod:`.checkpoint`): with ``checkpoint_dir`` (a directory every rank sees) rank 0
+    writes a checkpoint at every epoch's end and, with ``checkpoint_every``, every that many
+    rounds; a job started again (a torchrun restart, maybe with another number of workers)
+    resumes from it. ``feature_cache_dir`` keeps the extracted features on local disk
+    (:class:`~hapi_client.DiskFeatureCache`, at most ``feature_cache_bytes``), so a restarted
+    worker does not fetch them again. ``sample_log_dir``: every rank appends the samples it was
+    dealt each round, as JSON lines, to a file there (an audit of exactly-once delivery).
     """
 
     model: str
@@ -105,6 +113,11 @@ class DistributedConfig:
     results_path: str | None = None
     save_path: str | None = None
     progress: bool = False
+    checkpoint_dir: str | None = None
+    checkpoint_every: int | None = None
+    feature_cache_dir: str | None = None
+    feature_cache_bytes: int = 20 * 2**30
+    sample_log_dir: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attackers", tuple(int(r) for r in self.attackers))
@@ -141,6 +154,14 @@ class DistributedConfig:
             out.append(f"f must be >= 0, got {self.f}")
         if self.q is not None and self.q < 1:
             out.append(f"q must be >= 1, got {self.q}")
+        if self.checkpoint_every is not None and self.checkpoint_every < 1:
+            out.append(f"checkpoint_every must be >= 1 round, got {self.checkpoint_every}")
+        if self.checkpoint_every is not None and not self.checkpoint_dir:
+            out.append("checkpoint_every needs checkpoint_dir")
+        if self.feature_cache_bytes < 1:
+            out.append(f"feature_cache_bytes must be >= 1, got {self.feature_cache_bytes}")
+        if self.feature_cache_dir and not self.extract.cache_features:
+            out.append("feature_cache_dir needs extract.cache_features")
         if self.max_rounds_per_epoch is not None and self.max_rounds_per_epoch < 1:
             out.append(f"max_rounds_per_epoch must be >= 1, got {self.max_rounds_per_epoch}")
         for name in ("bandwidth_bytes_per_s", "throttle_bytes_per_s"):
@@ -174,6 +195,14 @@ class DistributedConfig:
     def workers_q(self, world_size: int) -> int:
         """How many gradients the aggregator waits for in a world of ``world_size`` workers."""
         return world_size if self.q is None else self.q
+
+    def resized(self, world_size: int, first_world_size: int) -> DistributedConfig:
+        """These settings for a job that started with ``first_world_size`` workers and now has
+        ``world_size``: ``f`` stays, ``n = q`` follows the world, and an explicit ``q`` keeps
+        the number of replies not waited for (``first_world_size - q``)."""
+        if self.q is None or world_size == first_world_size:
+            return self
+        return self.replace(q=max(1, world_size - (first_world_size - self.q)))
 
     def check_world(self, world_size: int) -> None:
         """Raise :class:`DistributedConfigError` if the settings cannot run on ``world_size`` workers."""

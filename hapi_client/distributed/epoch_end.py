@@ -77,6 +77,8 @@ def finish_epoch(
             f"epoch {epoch + 1} assigned {assigned} samples to the workers instead of "
             f"{schedule.total}"
         )
+    # A resumed epoch's schedule deals only what the checkpoint had left.
+    assigned += schedule.epoch_samples - schedule.total
     if rank != 0:
         return None
     seconds = time.perf_counter() - start

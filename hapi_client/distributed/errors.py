@@ -11,6 +11,7 @@ the client's failures::
     |   +-- GatherTimeoutError      fewer than q replies before the round's deadline
     +-- ReplicaDivergenceError      replicas no longer hold identical parameters
     +-- LaunchError                 torchrun (the launcher's subprocess) failed
+    +-- CheckpointError             a checkpoint that is damaged or belongs to another run
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ..errors import HapiClientError
 
 __all__ = [
     "ChannelError",
+    "CheckpointError",
     "DistributedConfigError",
     "DistributedError",
     "GatherTimeoutError",
@@ -65,3 +67,8 @@ class LaunchError(DistributedError):
         super().__init__(message if not log_tail else f"{message}\n--- log tail ---\n{log_tail}")
         self.returncode = returncode
         self.log_tail = log_tail
+
+
+class CheckpointError(DistributedError):
+    """A checkpoint that cannot be resumed from: damaged, of another run, or not the same on
+    every rank (the directory must be one that all ranks see)."""

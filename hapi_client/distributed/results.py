@@ -43,6 +43,8 @@ class DistributedResult:
     round_seconds: list[float] = field(default_factory=list)
     round_sizes: list[list[int]] = field(default_factory=list)
     model: hapi_models.SplittableModel | None = None
+    #: The global round the run resumed after (None: it started afresh).
+    resumed_round: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = {k: v for k, v in asdict(replace(self, model=None)).items() if k != "model"}

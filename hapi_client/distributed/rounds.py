@@ -17,6 +17,7 @@ from torch import nn
 from ..robust import Aggregator, BatchBalancer, BatchWeightedAverage, near_memory_limit
 from .attacker import Forger
 from .channel import AggregatorChannel, WorkerChannel
+from .checkpoint import round_seed
 from .config import DistributedConfig
 from .data import ShardStore
 from .errors import ChannelError, ReplicaDivergenceError
@@ -69,6 +70,9 @@ class Rounds:
     def compute(self, epoch: int, schedule: EpochSchedule, mine: list[Any]) -> GradientMessage:
         """This rank's gradient (forged if it attacks) on its slice, with what it measured."""
         rep = self.replica
+        # Dropout masks and forged gradients: a pure function of the round, so a run resumed
+        # from a checkpoint draws what an uninterrupted one would have.
+        torch.manual_seed(round_seed(self.config.train.seed, self.rank, self.global_round))
         shards, indices = schedule.samples(mine)
         x, y = self.store.rows(shards, indices)
         started = time.perf_counter()

@@ -187,8 +187,6 @@ def setup_replica(
     buffers = list(trainable.buffers())
     for t in [*params, *buffers]:
         collectives.broadcast(t.data)
-    # Dropout differs per worker on purpose; the model itself stays identical.
-    torch.manual_seed(cfg.train.seed * 1000 + rank)
     return Replica(
         stored=prepared.stored,
         manifest=prepared.manifest,

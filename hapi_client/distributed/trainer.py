@@ -32,6 +32,7 @@ rank 0 then evaluates on the held-out container and records the epoch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -49,6 +50,7 @@ from hapi_contract import DatasetManifest
 
 from ..client import HapiClient
 from ..feature_cache import FeatureCache
+from ..feature_store import DiskFeatureCache
 from ..pipeline import ShardLoader, plan_epoch
 from ..preparation import cos_batch_cap
 from ..robust import even_split
@@ -56,14 +58,30 @@ from ..shard_loaders import make_shard_loader
 from ..swift_session import SwiftCredentials
 from .attacker import forger_for
 from .channel import AggregatorChannel, WorkerChannel
+from .checkpoint import (
+    Checkpoint,
+    load_checkpoint,
+    load_model_state,
+    optimizer_from_parts,
+    optimizer_to_parts,
+    run_fingerprint,
+    save_checkpoint,
+)
 from .config import DistributedConfig
 from .data import ShardStore
 from .epoch_end import Evaluator, finish_epoch
-from .errors import DistributedConfigError
+from .errors import CheckpointError, DistributedConfigError
 from .rendezvous import open_channels
 from .results import DistributedEpochMetrics, DistributedResult, EpochStats
 from .rounds import Rounds
-from .schedule import EpochSchedule, assign_shards, round_totals, scale_sizes
+from .sample_log import SampleLog
+from .schedule import (
+    EpochSchedule,
+    assign_shards,
+    remaining_sizes,
+    resumed_totals,
+    scale_sizes,
+)
 from .setup import (
     Collectives,
     Replica,
@@ -90,7 +108,12 @@ def distributed_finetune(
     Returns the :class:`DistributedResult` on rank 0 (also written to ``config.results_path``)
     and None on the other ranks. Credentials default to ``ST_AUTH``/``ST_USER``/``ST_KEY``.
     ``feature_cache`` lets several runs in one process share extracted features (see
-    :func:`run_sequence`); by default each run has its own when ``config.extract.cache_features``.
+    :func:`run_sequence`); by default each run has its own when ``config.extract.cache_features``
+    (on disk in ``config.feature_cache_dir`` if set).
+
+    With ``config.checkpoint_dir`` holding a checkpoint, the run resumes from it, in this world:
+    ``n = q`` follows the number of workers, ``f`` stays, and the rule's requirement is checked
+    again (:class:`DistributedConfigError` if it no longer holds).
     """
     device = resolve_device(config)
     owns_group = not dist.is_initialized()
@@ -100,15 +123,44 @@ def distributed_finetune(
             timeout=timedelta(seconds=config.channel_timeout_s),
         )
     try:
-        config.check_world(dist.get_world_size())
-        caching = config.extract.cache_features
+        world = dist.get_world_size()
+        resume = load_checkpoint(config.checkpoint_dir) if config.checkpoint_dir else None
+        cfg = _for_world(config, world, resume)
+        caching = cfg.extract.cache_features
         if feature_cache is None and caching:
-            feature_cache = FeatureCache()
+            feature_cache = (
+                DiskFeatureCache(cfg.feature_cache_dir, max_bytes=cfg.feature_cache_bytes)
+                if cfg.feature_cache_dir
+                else FeatureCache()
+            )
         cache = feature_cache if caching else None
-        return _Run(config, credentials_or_env(credentials), device, cache).run()
+        return _Run(cfg, credentials_or_env(credentials), device, cache, resume).run()
     finally:
         if owns_group:
             dist.destroy_process_group()
+
+
+def _for_world(
+    config: DistributedConfig, world: int, resume: Checkpoint | None
+) -> DistributedConfig:
+    """``config`` for this world, resumed from ``resume``: q resized, the split it trained at."""
+    if resume is None:
+        config.check_world(world)
+        return config
+    first = resume.first_world_size
+    cfg = config.resized(world, first)
+    try:
+        cfg.check_world(world)
+    except DistributedConfigError as exc:
+        if world == first:
+            raise
+        raise DistributedConfigError(
+            f"the job started with {first} workers and now has {world}: {exc}"
+        ) from exc
+    if isinstance(cfg.extract.split, str):
+        # A rule (auto, thesis) may choose another split now; the checkpoint trained at its own.
+        cfg = cfg.replace(extract=cfg.extract.replace(split=int(resume.fingerprint["split"])))
+    return cfg
 
 
 def run_sequence(
@@ -156,15 +208,20 @@ class _Run:
         credentials: SwiftCredentials,
         device: torch.device,
         cache: FeatureCache | None,
+        resume: Checkpoint | None = None,
     ) -> None:
         self.config = config
         self.cache = cache
+        self.resume = resume
         self.credentials = credentials
         self.device = device
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
         self.collectives = Collectives(device)
         self.history: list[DistributedEpochMetrics] = []
+        self.fingerprint: dict[str, object] = {}
+        self.first_world = resume.first_world_size if resume is not None else self.world
+        self.sample_log: SampleLog | None = None
 
     def run(self) -> DistributedResult | None:
         cfg = self.config
@@ -179,6 +236,17 @@ class _Run:
         ) as client:
             started = time.perf_counter()
             replica = setup_replica(client, cfg, self.rank, self.device, self.collectives)
+            self.fingerprint = run_fingerprint(cfg, replica)
+            attempt = self._restore(replica)
+            if cfg.sample_log_dir:
+                resumed = self.resume.global_round if self.resume is not None else 0
+                self.sample_log = SampleLog(
+                    cfg.sample_log_dir,
+                    attempt=attempt,
+                    rank=self.rank,
+                    world=self.world,
+                    resumed_round=resumed,
+                )
             aggregator, channel = open_channels(cfg, self.rank, self.world)
             try:
                 log.info(
@@ -195,9 +263,79 @@ class _Run:
                     aggregator.close()
                 if channel is not None:
                     channel.close()
+                if self.sample_log is not None:
+                    self.sample_log.close()
         if self.rank != 0:
             return None
         return self._result(replica, rounds)
+
+    def _restore(self, replica: Replica) -> int:
+        """Load the checkpoint into the replica (every rank) and check that every rank read the
+        same one; returns this start's id, rank 0's clock (see :mod:`.sample_log`)."""
+        resume = self.resume
+        if resume is not None:
+            resume.check_fingerprint(self.fingerprint, str(self.config.checkpoint_dir))
+            load_model_state(replica.trainable, resume.model)
+            optimizer_from_parts(replica.optimizer, resume.optimizer, resume.optimizer_tensors)
+            self.history = [DistributedEpochMetrics(**m) for m in resume.history]
+        mine = torch.tensor(
+            [resume.global_round if resume is not None else -1, time.time_ns()], dtype=torch.int64
+        )
+        everyone = [torch.zeros_like(mine) for _ in range(self.world)]
+        dist.all_gather(everyone, mine)
+        rounds = {int(t[0]) for t in everyone}
+        if len(rounds) > 1:
+            raise CheckpointError(
+                f"the ranks read different checkpoints from {self.config.checkpoint_dir} (rounds "
+                f"{sorted(rounds)}, -1: none): it must be a directory every rank sees"
+            )
+        if resume is not None:
+            log.info(
+                "rank %d resumes after round %d (epoch %d, %d rounds into it; written by %d "
+                "workers, now %d)",
+                self.rank,
+                resume.global_round,
+                resume.epoch + 1,
+                resume.rounds_done,
+                resume.world_size,
+                self.world,
+            )
+        return int(everyone[0][1])
+
+    def _save(
+        self,
+        replica: Replica,
+        rounds: Rounds,
+        *,
+        epoch: int,
+        rounds_done: int,
+        done: torch.Tensor | None,
+        stats: EpochStats | None,
+    ) -> None:
+        """Rank 0 writes where the run stands (see :mod:`.checkpoint`)."""
+        if self.rank != 0 or not self.config.checkpoint_dir:
+            return
+        optimizer, optimizer_tensors = optimizer_to_parts(replica.optimizer)
+        save_checkpoint(
+            self.config.checkpoint_dir,
+            Checkpoint(
+                fingerprint=self.fingerprint,
+                epoch=epoch,
+                rounds_done=rounds_done,
+                global_round=rounds.global_round,
+                world_size=self.world,
+                first_world_size=self.first_world,
+                assignment=list(rounds.assignment),
+                stats=dataclasses.asdict(stats) if stats is not None else {},
+                history=[dataclasses.asdict(m) for m in self.history],
+                round_seconds=rounds.round_seconds,
+                round_sizes=rounds.round_sizes,
+                optimizer=optimizer,
+                model=replica.trainable.state_dict(),
+                optimizer_tensors=optimizer_tensors,
+                done=done,
+            ),
+        )
 
     def _result(self, replica: Replica, rounds: Rounds) -> DistributedResult:
         cfg = self.config
@@ -218,6 +356,7 @@ class _Run:
             round_seconds=rounds.round_seconds,
             round_sizes=rounds.round_sizes,
             model=replica.net.cpu(),
+            resumed_round=self.resume.global_round if self.resume is not None else None,
         )
         if cfg.save_path:
             hapi_models.save_weights(replica.net, cfg.save_path)
@@ -253,7 +392,6 @@ class _Run:
 
         loader = loader_for(replica.manifest, cfg.container)
         sizes = [s.samples for s in replica.manifest.shards]
-        owners = assign_shards(sizes, self.world)
         depth = cfg.prefetch_depth(self.world, replica.manifest.shard_size)
         with ThreadPoolExecutor(max_workers=depth, thread_name_prefix="hapi-dist") as pool:
             store = ShardStore(loader, sizes, pool, capacity=2 * depth + 8)
@@ -274,16 +412,45 @@ class _Run:
             if replica.eval_manifest is not None and cfg.eval_container:
                 eval_loader = loader_for(replica.eval_manifest, cfg.eval_container)
                 evaluator = Evaluator(cfg, rounds, eval_loader, pool, depth)
-            for epoch in range(cfg.train.epochs):
-                self._epoch(epoch, sizes, owners, rounds, store, evaluator, depth)
+            first_epoch = self._resume_rounds(rounds)
+            for epoch in range(first_epoch, cfg.train.epochs):
+                self._epoch(epoch, sizes, rounds, store, evaluator, depth)
             store.clear()
         return rounds
+
+    def _resume_rounds(self, rounds: Rounds) -> int:
+        """Put the round loop where the checkpoint left it; returns the epoch to run first."""
+        resume = self.resume
+        if resume is None:
+            return 0
+        rounds.global_round = resume.global_round
+        rounds.round_seconds = list(resume.round_seconds)
+        rounds.round_sizes = [list(r) for r in resume.round_sizes]
+        if resume.world_size == self.world and len(resume.assignment) == self.world:
+            rounds.assignment = tuple(resume.assignment)  # LB-BSP's last shares
+        return resume.epoch
+
+    def _epoch_start(self, epoch: int, sizes: list[int]) -> tuple[EpochSchedule, int, EpochStats]:
+        """The epoch's schedule, the rounds already done and the running sums: fresh, or where
+        the checkpoint left them (the remaining samples dealt again in another world)."""
+        plan = plan_epoch(len(sizes), self.config.train.seed, epoch)
+        resume = self.resume
+        if resume is None or resume.epoch != epoch or resume.done is None:
+            return EpochSchedule(plan, sizes, assign_shards(sizes, self.world)), 0, EpochStats()
+        done = resume.done
+        if resume.world_size == self.world:
+            owners = assign_shards(sizes, self.world)  # the same streams, resumed in place
+        else:
+            owners = assign_shards(remaining_sizes(sizes, done), self.world)
+        stats = EpochStats(**resume.stats) if self.rank == 0 else EpochStats()
+        # Summed over the ranks at the epoch's end against what this start deals.
+        stats.assigned = stats.skipped = 0
+        return EpochSchedule(plan, sizes, owners, done=done), resume.rounds_done, stats
 
     def _epoch(
         self,
         epoch: int,
         sizes: list[int],
-        owners: list[list[int]],
         rounds: Rounds,
         store: ShardStore,
         evaluator: Evaluator | None,
@@ -291,15 +458,16 @@ class _Run:
     ) -> None:
         cfg = self.config
         start = time.perf_counter()
-        plan = plan_epoch(len(sizes), cfg.train.seed, epoch)
-        schedule = EpochSchedule(plan, sizes, owners)
-        totals = round_totals(schedule.total, cfg.train.batch_size, self.world)
+        schedule, rounds_done, stats = self._epoch_start(epoch, sizes)
+        totals = resumed_totals(
+            schedule.epoch_samples, rounds_done, schedule.total, cfg.train.batch_size, self.world
+        )
         if cfg.max_rounds_per_epoch is not None:
-            totals = totals[: cfg.max_rounds_per_epoch]
+            totals = totals[: max(0, cfg.max_rounds_per_epoch - rounds_done)]
         bytes_before, requests_before = store.wire_bytes, store.requests
-        stats = EpochStats()
         bar = tqdm(
-            total=len(totals),
+            total=rounds_done + len(totals),
+            initial=rounds_done,
             desc=f"{self.world} workers, epoch {epoch + 1}/{cfg.train.epochs}",
             unit="round",
             disable=not (cfg.progress and self.rank == 0),
@@ -322,6 +490,19 @@ class _Run:
                 rounds.aggregate_round(epoch, schedule, mine, round_sizes, full, stats)
             else:
                 rounds.worker_round(epoch, schedule, mine, stats)
+            if self.sample_log is not None:
+                shards, indices = schedule.samples(mine)
+                self.sample_log.round(epoch, rounds.global_round, shards, indices, store.wire_bytes)
+            every = cfg.checkpoint_every
+            if every and rounds.global_round % every == 0 and k < len(totals) - 1:
+                self._save(
+                    rounds.replica,
+                    rounds,
+                    epoch=epoch,
+                    rounds_done=rounds_done + k + 1,
+                    done=schedule.done_mask(),
+                    stats=stats,
+                )
             bar.update(1)
         bar.close()
         metrics = finish_epoch(
@@ -333,7 +514,7 @@ class _Run:
             store,
             epoch=epoch,
             start=start,
-            round_count=len(totals),
+            round_count=rounds_done + len(totals),
             schedule=schedule,
             bytes_before=bytes_before,
             requests_before=requests_before,
@@ -343,3 +524,4 @@ class _Run:
         if metrics is not None:
             self.history.append(metrics)
             log.info("epoch %d: %s", epoch + 1, metrics)
+        self._save(rounds.replica, rounds, epoch=epoch + 1, rounds_done=0, done=None, stats=None)

@@ -1,0 +1,103 @@
+"""An audit of exactly-once delivery that outlives the workers: the samples each rank was dealt.
+
+With ``DistributedConfig.sample_log_dir`` every rank appends JSON lines to
+``attempt{A}-rank{R}.jsonl`` there, where ``A`` names this start of the job (rank 0's clock in
+nanoseconds when the ranks met, which every rank of the start shares: torchrun's restart count
+is per node, and a node that joins later counts from 0): one ``start`` line (time, pid, world, the round it
+resumed after) and, after each round it took part in, a ``round`` line with the epoch, the
+global round, the ``[shard, index]`` pairs it was dealt and the bytes it has fetched so far.
+
+A round logged after the last checkpoint of an attempt was trained again by the next attempt;
+:func:`delivered` keeps, for each attempt, only the rounds up to where the next one resumed, so
+it lists what the final model was trained on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+__all__ = ["SampleLog", "delivered", "read_sample_log"]
+
+
+class SampleLog:
+    """One rank's log file (line-buffered: a killed worker loses at most the round in flight)."""
+
+    def __init__(
+        self, directory: str | Path, *, attempt: int, rank: int, world: int, resumed_round: int
+    ) -> None:
+        self.attempt = attempt
+        self.rank = rank
+        root = Path(directory)
+        root.mkdir(parents=True, exist_ok=True)
+        path = root / f"attempt{self.attempt}-rank{rank}.jsonl"
+        self._file: IO[str] = path.open("a", buffering=1)
+        self._write(
+            {"event": "start", "pid": os.getpid(), "world": world, "resumed_round": resumed_round}
+        )
+
+    def _write(self, record: dict[str, Any]) -> None:
+        record.update(t=time.time(), attempt=self.attempt, rank=self.rank)
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def round(
+        self,
+        epoch: int,
+        global_round: int,
+        shards: torch.Tensor,
+        indices: torch.Tensor,
+        wire_bytes: int,
+    ) -> None:
+        pairs = torch.stack([shards, indices], dim=1).tolist() if len(shards) else []
+        self._write(
+            {
+                "event": "round",
+                "epoch": epoch,
+                "round": global_round,
+                "samples": pairs,
+                "wire_bytes": wire_bytes,
+            }
+        )
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_sample_log(directory: str | Path) -> list[dict[str, Any]]:
+    """Every record of every file in ``directory`` (a line cut short by a kill is skipped)."""
+    records = []
+    for path in sorted(Path(directory).glob("attempt*-rank*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+    return records
+
+
+def delivered(records: list[dict[str, Any]]) -> dict[int, list[tuple[int, int]]]:
+    """Per epoch, the ``(shard, index)`` pairs the final model was trained on: each attempt's
+    rounds up to the round the next attempt resumed after."""
+    resumed_at: dict[int, int] = {}
+    for r in records:
+        if r["event"] == "start":
+            resumed_at[r["attempt"]] = r["resumed_round"]
+    attempts = sorted(resumed_at)
+    keep_until = {
+        a: resumed_at[b] if b is not None else None
+        for a, b in zip(attempts, [*attempts[1:], None], strict=True)
+    }
+    out: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for r in records:
+        if r["event"] != "round":
+            continue
+        limit = keep_until.get(r["attempt"])
+        if limit is None or r["round"] <= limit:
+            out[r["epoch"]].extend((int(s), int(i)) for s, i in r["samples"])
+    return dict(out)

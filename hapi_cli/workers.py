@@ -94,6 +94,37 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--worker-log", help="keep torchrun's and the workers' output in this file")
     group.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="write a checkpoint here at every epoch's end and resume from the one it holds "
+        "(a directory every worker sees)",
+    )
+    group.add_argument(
+        "--checkpoint-every",
+        type=int,
+        metavar="N",
+        help="also write a checkpoint every N rounds (needs --checkpoint-dir)",
+    )
+    group.add_argument(
+        "--feature-cache-dir",
+        metavar="DIR",
+        help="keep the extracted features on this local disk, so restarted workers do not "
+        "fetch them again",
+    )
+    group.add_argument(
+        "--feature-cache-gb",
+        type=float,
+        default=20.0,
+        help="size cap of --feature-cache-dir in GiB (default: %(default)s)",
+    )
+    group.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="times torchrun restarts the workers after one fails; with --checkpoint-dir they "
+        "resume from the last checkpoint (default: %(default)s)",
+    )
+    group.add_argument(
         "--channel-bind",
         metavar="HOST",
         help="address rank 0's gradient channel listens on: 0.0.0.0 or :: for all interfaces "
@@ -168,6 +199,10 @@ def config_from_args(args: argparse.Namespace) -> DistributedConfig:
         results_path=_opt(args, "metrics_json"),
         save_path=_opt(args, "save"),
         progress=not _opt(args, "quiet", False),
+        checkpoint_dir=_opt(args, "checkpoint_dir"),
+        checkpoint_every=_opt(args, "checkpoint_every"),
+        feature_cache_dir=_opt(args, "feature_cache_dir"),
+        feature_cache_bytes=max(1, int(float(_opt(args, "feature_cache_gb", 20.0)) * 2**30)),
     )
 
 
@@ -220,6 +255,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         log_path=_opt(args, "worker_log"),
         log_level=level,
         stream_output=not _opt(args, "quiet", False),
+        max_restarts=int(_opt(args, "max_restarts", 0)),
     )
     attack = f"{config.attack} by ranks {list(config.attackers)}" if config.attackers else "none"
     print(

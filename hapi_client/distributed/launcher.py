@@ -93,6 +93,7 @@ def launch(
     python: str = sys.executable,
     stream_output: bool = False,
     preflight: bool = True,
+    max_restarts: int = 0,
 ) -> DistributedResult:
     """Run ``config`` on ``nproc`` local workers under torchrun and return rank 0's result.
 
@@ -102,6 +103,8 @@ def launch(
     the output goes to this process's stdout/stderr instead (progress bars, logs).
     ``timeout_s`` stops the whole run. ``preflight``: check Swift, the containers, the model
     and the server in seconds before any worker starts (:func:`~hapi_client.preflight.preflight`).
+    ``max_restarts``: torchrun restarts the workers that often after a failure; with
+    ``config.checkpoint_dir`` they resume from the last checkpoint.
     """
     return launch_many(
         nproc,
@@ -114,6 +117,7 @@ def launch(
         python=python,
         stream_output=stream_output,
         preflight=preflight,
+        max_restarts=max_restarts,
     )[0]
 
 
@@ -145,6 +149,7 @@ def launch_many(
     python: str = sys.executable,
     stream_output: bool = False,
     preflight: bool = True,
+    max_restarts: int = 0,
 ) -> list[DistributedResult]:
     """Run ``configs`` one after the other in a single torchrun job (see :func:`~.trainer.run_sequence`).
 
@@ -153,6 +158,8 @@ def launch_many(
     """
     if nproc < 1:
         raise DistributedConfigError(f"nproc must be >= 1, got {nproc}")
+    if max_restarts < 0:
+        raise DistributedConfigError(f"max_restarts must be >= 0, got {max_restarts}")
     if not configs:
         return []
     for config in configs:
@@ -181,7 +188,10 @@ def launch_many(
             child_env.update(
                 ST_AUTH=credentials.auth_url, ST_USER=credentials.user, ST_KEY=credentials.key
             )
-        cmd = torchrun_command(nproc, paths, python=python, log_level=log_level)
+        restarts = ["--max-restarts", str(max_restarts)] if max_restarts else []
+        cmd = torchrun_command(
+            nproc, paths, python=python, log_level=log_level, extra_args=restarts
+        )
         log.info("launching %d workers: %s", nproc, " ".join(cmd))
         with contextlib.ExitStack() as stack:
             out_file = None if streaming else stack.enter_context(log_file.open("wb"))

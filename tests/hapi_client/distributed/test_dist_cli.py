@@ -127,3 +127,27 @@ def test_hapi_finetune_with_two_workers_end_to_end(client_env, tmp_path, capsys)
 
     saved = json.loads(metrics.read_text())
     assert saved["world_size"] == 2 and saved["attackers"] == [1] and len(saved["history"]) == 1
+
+
+def test_checkpoint_and_disk_cache_flags() -> None:
+    config = config_from_args(
+        _parse(
+            "--checkpoint-dir",
+            "ck",
+            "--checkpoint-every",
+            "5",
+            "--feature-cache-dir",
+            "fc",
+            "--feature-cache-gb",
+            "0.5",
+        )
+    )
+    assert (config.checkpoint_dir, config.checkpoint_every) == ("ck", 5)
+    assert (config.feature_cache_dir, config.feature_cache_bytes) == ("fc", 2**29)
+    with pytest.raises(DistributedConfigError, match="checkpoint_every needs checkpoint_dir"):
+        config_from_args(_parse("--checkpoint-every", "5"))
+
+
+def test_restarts_reach_torchrun() -> None:
+    cmd = torchrun_command(3, ["a.json"], python="py", extra_args=["--max-restarts", "1"])
+    assert cmd[cmd.index("--max-restarts") + 1] == "1"

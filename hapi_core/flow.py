@@ -11,9 +11,8 @@ So admission, memory planning, model loading and timing exist once, not once per
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Awaitable, Callable, Generator
-from concurrent.futures import Executor, Future
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -122,24 +121,30 @@ def get_many_in_threads(
     effect: GetMany, get: Callable[[Get], StoredObject], *, pool: Executor | None = None
 ) -> list[StoredObject]:
     """Perform ``effect`` with a blocking ``get`` of one object: in ``pool`` (at most
-    ``effect.concurrency`` reads submitted at a time), or one after the other without one."""
+    ``effect.concurrency`` reads submitted at a time), or one after the other without one.
+
+    The first refusal is raised as soon as it happens (not after the reads before it in
+    order); the reads not yet started are not made."""
     reads = [Get(effect.container, obj, effect.max_bytes_each) for obj in effect.objs]
     if pool is None or effect.concurrency == 1:
         return [get(read) for read in reads]
     window = max(1, effect.concurrency)
-    done: list[StoredObject] = []
-    pending: deque[Future[StoredObject]] = deque()
+    results: dict[int, StoredObject] = {}
+    running: dict[Future[StoredObject], int] = {}
+    queued = iter(enumerate(reads))
     try:
-        for read in reads:
-            if len(pending) >= window:
-                done.append(pending.popleft().result())
-            pending.append(pool.submit(get, read))
-        while pending:
-            done.append(pending.popleft().result())
+        while True:
+            while len(running) < window and (item := next(queued, None)) is not None:
+                running[pool.submit(get, item[1])] = item[0]
+            if not running:
+                break
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                results[running.pop(future)] = future.result()
     finally:
-        for future in pending:  # after a failure: the reads not started are not made
+        for future in running:
             future.cancel()
-    return done
+    return [results[i] for i in range(len(reads))]
 
 
 # The two drivers differ only in ``await``: Python cannot write one loop for both.

@@ -27,8 +27,10 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import eventlet
-from eventlet import GreenPool, tpool
+from eventlet import tpool
 from eventlet.event import Event
+from eventlet.greenthread import GreenThread
+from eventlet.queue import LightQueue
 from eventlet.semaphore import Semaphore
 from pydantic import ValidationError
 from swift.common.swob import Request, Response
@@ -133,29 +135,36 @@ class _ProxyHost:
         return StoredObject(data, etag)
 
     def _get_many(self, effect: GetMany) -> list[StoredObject]:
-        """Green threads, one GET subrequest each, at most ``effect.concurrency`` at once; the
-        first refusal kills the others (their subrequests close as they unwind)."""
-        pool = GreenPool(effect.concurrency)
-        failed: list[BaseException] = []
+        """Green threads, one GET subrequest each, at most ``effect.concurrency`` at once.
 
-        def one(obj: str) -> StoredObject:
+        The first refusal is raised as soon as it arrives (not after the reads before it in
+        order) and kills the others, whose subrequests close as they unwind; no more start.
+        """
+        objs = effect.objs
+        arrived: LightQueue = LightQueue()
+
+        def one(index: int) -> None:
             try:
-                return self._get(effect.container, obj, effect.max_bytes_each)
-            except BaseException as exc:
-                failed.append(exc)
-                raise
+                stored = self._get(effect.container, objs[index], effect.max_bytes_each)
+            except Exception as exc:  # noqa: BLE001 - handed to the waiting request as a value
+                arrived.put((index, exc))
+            else:
+                arrived.put((index, stored))
 
-        reads = []
+        results: dict[int, StoredObject] = {}
+        threads: list[GreenThread] = []
         try:
-            for obj in effect.objs:
-                if failed:  # no more reads once one is refused; wait() below raises it
-                    break
-                # spawn waits for a free green thread: at most `concurrency` reads in flight.
-                reads.append(pool.spawn(one, obj))
-            return [read.wait() for read in reads]
+            while len(results) < len(objs):
+                while len(threads) < len(objs) and len(threads) - len(results) < effect.concurrency:
+                    threads.append(eventlet.spawn(one, len(threads)))
+                index, outcome = arrived.get()
+                if isinstance(outcome, Exception):
+                    raise outcome
+                results[index] = outcome
         finally:
-            for read in reads:
-                read.kill()
+            for thread in threads:
+                thread.kill()
+        return [results[i] for i in range(len(objs))]
 
 
 class _FrameStream:

@@ -1,0 +1,257 @@
+"""The core's read of a shard in every layout, driven by ``run_blocking`` over fake objects.
+
+The flow is the one both hosts run (:func:`hapi_core.read_samples`); here its effects are
+performed by a dict of objects, and the folder part's images by :func:`get_many_in_threads`,
+the blocking way to perform a ``GetMany``.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+from PIL import Image
+
+from hapi_contract import DatasetLayout, PartEntry, ShardSource, md5_hex, write_part, write_shard
+from hapi_core import (
+    Compute,
+    CoreRuntime,
+    CoreSettings,
+    Effect,
+    Get,
+    GetMany,
+    InvalidShardError,
+    NotFoundError,
+    ObjectChangedError,
+    PayloadTooLargeError,
+    StoredObject,
+    get_many_in_threads,
+    read_samples,
+    run_blocking,
+)
+from tests.in_place_data import webdataset_tar
+
+INDEX, DATA, PART = "index", "images", "hapi-index/part-000000.jsonl"
+
+
+def _jpeg(value: int, side: int = 8) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (side, side), (value, 255 - value, 7)).save(buf, format="JPEG")
+    return buf.getvalue()
+
+
+IMAGES = [_jpeg(40 * i) for i in range(5)]
+LABELS = [0, 1, 2, 0, 1]
+NAMES = [f"img/{i}.jpg" for i in range(5)]
+
+
+def _part(images: list[bytes] = IMAGES, names: list[str] = NAMES) -> bytes:
+    return write_part(
+        PartEntry(name=n, etag=md5_hex(b), bytes=len(b), label=lab)
+        for n, b, lab in zip(names, images, LABELS, strict=True)
+    )
+
+
+class Store:
+    """Objects by (container, name); counts the reads and performs the core's effects."""
+
+    def __init__(self, objects: dict[tuple[str, str], bytes], pool: ThreadPoolExecutor) -> None:
+        self.objects = objects
+        self.pool = pool
+        self.reads: list[str] = []
+        self.get_many: list[GetMany] = []
+        self._lock = threading.Lock()
+
+    def get(self, effect: Get) -> StoredObject:
+        with self._lock:
+            self.reads.append(effect.obj)
+        try:
+            data = self.objects[(effect.container, effect.obj)]
+        except KeyError:
+            raise NotFoundError(
+                f"{effect.container}/{effect.obj} not found in Swift (404)"
+            ) from None
+        if len(data) > effect.max_bytes:
+            raise PayloadTooLargeError(f"{effect.container}/{effect.obj} is over the limit")
+        return StoredObject(data, md5_hex(data))
+
+    def perform(self, effect: Effect) -> Any:
+        match effect:
+            case Get():
+                return self.get(effect)
+            case GetMany():
+                self.get_many.append(effect)
+                return get_many_in_threads(effect, self.get, pool=self.pool)
+            case Compute(work):
+                return work()
+        raise AssertionError(effect)
+
+
+@pytest.fixture
+def pool() -> Any:
+    with ThreadPoolExecutor(8) as executor:
+        yield executor
+
+
+def _runtime(**settings: Any) -> CoreRuntime:
+    return cast(CoreRuntime, SimpleNamespace(settings=CoreSettings(**settings)))
+
+
+def _read(
+    store: Store, source: ShardSource, num_classes: int = 3, **settings: Any
+) -> tuple[list[bytes], list[int]]:
+    return run_blocking(read_samples(_runtime(**settings), source, num_classes), store.perform)
+
+
+FOLDER = ShardSource(INDEX, PART, DatasetLayout.FOLDER, data_container=DATA)
+
+
+def _folder_store(pool: ThreadPoolExecutor, **changes: bytes) -> Store:
+    objects = {(INDEX, PART): _part()}
+    objects.update({(DATA, n): b for n, b in zip(NAMES, IMAGES, strict=True)})
+    objects.update({(DATA, n): b for n, b in changes.items()})
+    return Store(objects, pool)
+
+
+def test_a_folder_part_reads_its_images_in_order_with_bounded_concurrency(
+    pool: ThreadPoolExecutor,
+) -> None:
+    store = _folder_store(pool)
+    images, labels = _read(store, FOLDER, object_read_concurrency=3)
+    assert images == IMAGES and labels == LABELS
+    assert store.reads[0] == PART and sorted(store.reads[1:]) == sorted(NAMES)
+    (many,) = store.get_many
+    assert many == GetMany(DATA, tuple(NAMES), CoreSettings().max_image_bytes, 3)
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (_jpeg(200), "changed after it was indexed"),  # overwritten by another image
+        (b"", "changed after it was indexed"),  # emptied
+        (IMAGES[1] + b"\0", "changed after it was indexed"),  # one byte more
+    ],
+)
+def test_an_image_that_is_not_what_was_indexed_is_a_409_naming_it(
+    change: bytes, words: str, pool: ThreadPoolExecutor
+) -> None:
+    store = _folder_store(pool, **{NAMES[1]: change})
+    with pytest.raises(ObjectChangedError, match=words) as refused:
+        _read(store, FOLDER)
+    assert refused.value.status == 409 and f"{DATA}/{NAMES[1]}" in refused.value.detail
+
+
+def test_a_deleted_image_is_a_409_naming_it(pool: ThreadPoolExecutor) -> None:
+    store = _folder_store(pool)
+    del store.objects[(DATA, NAMES[2])]
+    with pytest.raises(ObjectChangedError, match="deleted after the dataset was indexed") as e:
+        _read(store, FOLDER)
+    assert f"{DATA}/{NAMES[2]}" in e.value.detail
+
+
+def test_an_object_that_is_not_an_image_is_a_422_naming_it(pool: ThreadPoolExecutor) -> None:
+    text = b"not an image at all" * 3
+    images = [IMAGES[0], text, *IMAGES[2:]]
+    store = Store({(INDEX, PART): _part(images)}, pool)
+    store.objects.update({(DATA, n): b for n, b in zip(NAMES, images, strict=True)})
+    with pytest.raises(InvalidShardError, match=f"{DATA}/{NAMES[1]}: not the image"):
+        _read(store, FOLDER)
+
+
+def test_an_image_whose_header_is_over_the_pixel_limit_is_a_413_naming_it(
+    pool: ThreadPoolExecutor,
+) -> None:
+    images = [*IMAGES[:4], _jpeg(3, side=64)]
+    store = Store({(INDEX, PART): _part(images)}, pool)
+    store.objects.update({(DATA, n): b for n, b in zip(NAMES, images, strict=True)})
+    with pytest.raises(PayloadTooLargeError, match=f"{DATA}/{NAMES[4]}: 4096 pixels"):
+        _read(store, FOLDER, max_image_pixels=1000)
+
+
+def test_a_part_over_the_limits_is_refused_before_any_image_is_read(
+    pool: ThreadPoolExecutor,
+) -> None:
+    store = _folder_store(pool)
+    with pytest.raises(PayloadTooLargeError, match="5 samples, more than 4"):
+        _read(store, FOLDER, max_samples_per_request=4)
+    total = sum(map(len, IMAGES))
+    with pytest.raises(PayloadTooLargeError, match=f"its images take {total} bytes"):
+        _read(store, FOLDER, max_object_bytes=max(1024, total - 1))
+    assert store.reads == [PART, PART] and not store.get_many
+
+
+def test_a_malformed_part_is_a_422_naming_the_line(pool: ThreadPoolExecutor) -> None:
+    store = Store({(INDEX, PART): _part() + b"{not json}\n"}, pool)
+    with pytest.raises(InvalidShardError, match=f"{INDEX}/{PART} line 6"):
+        _read(store, FOLDER)
+
+
+def test_a_webdataset_tar_and_an_uploaded_shard_read_alike(pool: ThreadPoolExecutor) -> None:
+    tar = webdataset_tar(IMAGES, LABELS, label_field="y")
+    shard = write_shard(
+        (f"s{i}", b, "jpg", lab) for i, (b, lab) in enumerate(zip(IMAGES, LABELS, strict=True))
+    )
+    store = Store({(DATA, "a.tar"): tar, (INDEX, "s.tar"): shard}, pool)
+    wds = ShardSource(DATA, "a.tar", DatasetLayout.WEBDATASET, label_field="y")
+    assert _read(store, wds) == (IMAGES, LABELS) == _read(store, ShardSource(INDEX, "s.tar"))
+    with pytest.raises(PayloadTooLargeError, match="5 samples, more than 4"):
+        _read(store, wds, max_samples_per_request=4)
+    with pytest.raises(InvalidShardError, match="label 2 out of range"):
+        _read(store, wds, num_classes=2)
+
+
+def _blocking_get(
+    concurrency: int, fail: str | None = None
+) -> tuple[Callable[[Get], StoredObject], list[int], list[str]]:
+    """A get that holds each read until ``concurrency`` are in flight together (a barrier: a
+    bound below it would hang, not pass), recording the most in flight at once."""
+    barrier = threading.Barrier(concurrency, timeout=30)
+    lock = threading.Lock()
+    state = {"now": 0}
+    most: list[int] = [0]
+    started: list[str] = []
+
+    def get(effect: Get) -> StoredObject:
+        with lock:
+            started.append(effect.obj)
+            state["now"] += 1
+            most[0] = max(most[0], state["now"])
+        try:
+            if effect.obj == fail:
+                raise NotFoundError(f"{effect.obj} not found")
+            if fail is None:
+                barrier.wait()
+            return StoredObject(effect.obj.encode(), "")
+        finally:
+            with lock:
+                state["now"] -= 1
+
+    return get, most, started
+
+
+def test_get_many_in_threads_keeps_order_and_never_exceeds_its_concurrency() -> None:
+    names = tuple(f"o{i}" for i in range(12))
+    get, most, _ = _blocking_get(4)
+    with ThreadPoolExecutor(8) as pool:
+        got = get_many_in_threads(GetMany("c", names, 10, 4), get, pool=pool)
+    assert [o.data.decode() for o in got] == list(names)
+    assert most[0] == 4
+
+
+def test_get_many_in_threads_stops_at_the_first_refusal() -> None:
+    names = tuple(f"o{i}" for i in range(50))
+    get, _, started = _blocking_get(2, fail="o0")
+    with ThreadPoolExecutor(8) as pool, pytest.raises(NotFoundError, match="o0"):
+        get_many_in_threads(GetMany("c", names, 10, 2), get, pool=pool)
+    assert len(started) <= 2
+
+
+def test_get_many_without_a_pool_reads_one_after_the_other() -> None:
+    get, most, _ = _blocking_get(1)
+    got = get_many_in_threads(GetMany("c", ("a", "b"), 10, 8), get)
+    assert [o.data for o in got] == [b"a", b"b"] and most[0] == 1

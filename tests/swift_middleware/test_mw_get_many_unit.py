@@ -1,0 +1,90 @@
+"""The in-proxy host performs a ``GetMany`` with green threads, one GET subrequest each.
+
+A fake WSGI app stands in for the rest of the proxy pipeline, so the bound on subrequests in
+flight, their order and the stop at the first refusal can be counted exactly (the real
+pipeline is covered by ``test_mw_in_place.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import eventlet
+import pytest
+from eventlet.event import Event
+from swift.common.swob import Request
+
+from hapi_core import GetMany
+from swift_middleware.errors import SwiftDeniedError
+from swift_middleware.hapi_request import HapiRequest
+from swift_middleware.in_proxy import _ProxyHost
+
+ACCOUNT = "AUTH_test"
+
+
+class FakePipeline:
+    """GET ``/v1/AUTH_test/<container>/<object>``: the path as the body, after ``release``;
+    403 for ``refuse``. Counts subrequests in flight."""
+
+    def __init__(self, refuse: str | None = None) -> None:
+        self.refuse = refuse
+        self.release = Event()
+        self.in_flight = 0
+        self.most = 0
+        self.paths: list[str] = []
+        self.finished: list[str] = []
+        self.users: set[str | None] = set()
+
+    def __call__(self, env: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = env["PATH_INFO"]
+        self.paths.append(path)
+        self.users.add(env.get("REMOTE_USER"))
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            if path.endswith(f"/{self.refuse}"):
+                start_response("403 Forbidden", [("Content-Length", "0")])
+                return [b""]
+            self.release.wait()
+            body = path.encode()
+            self.finished.append(path)
+            start_response("200 OK", [("Content-Length", str(len(body))), ("Etag", '"e"')])
+            return [body]
+        finally:
+            self.in_flight -= 1
+
+
+def _host(app: FakePipeline) -> _ProxyHost:
+    # The caller's identity as tempauth leaves it; make_subrequest carries it to each GET.
+    req = Request.blank(
+        f"/v1/{ACCOUNT}/index/part.jsonl", method="POST", environ={"REMOTE_USER": "test:tester"}
+    )
+    hapi = HapiRequest("extract", ACCOUNT, "index", "part.jsonl", {})
+    return _ProxyHost(req, hapi, app)
+
+
+def test_subrequests_are_the_callers_in_order_and_at_most_concurrency_at_once() -> None:
+    app = FakePipeline()
+    names = tuple(f"img/{i}.jpg" for i in range(12))
+    reading = eventlet.spawn(_host(app)._get_many, GetMany("images", names, 1000, 3))
+    while app.in_flight < 3:
+        eventlet.sleep(0)
+    for _ in range(10):  # give a fourth every chance to start: none may
+        eventlet.sleep(0)
+    assert app.in_flight == 3 and len(app.paths) == 3
+    app.release.send(None)
+    got = reading.wait()
+    assert [o.data.decode() for o in got] == [f"/v1/{ACCOUNT}/images/{n}" for n in names]
+    assert app.most == 3 and app.users == {"test:tester"}
+
+
+def test_the_first_refusal_is_raised_and_no_more_subrequests_start() -> None:
+    app = FakePipeline(refuse="img/1.jpg")
+    names = tuple(f"img/{i}.jpg" for i in range(40))
+    reading = eventlet.spawn(_host(app)._get_many, GetMany("images", names, 1000, 4))
+    with pytest.raises(SwiftDeniedError, match="images/img/1.jpg") as refused:
+        reading.wait()
+    assert refused.value.status == 403
+    assert len(app.paths) <= 5 and not app.finished  # 4 in flight, then at most one more
+    assert app.in_flight == 0  # the others were killed, not left waiting

@@ -184,6 +184,10 @@ def launch_many(
         streaming = stream_output and log_path is None
         child_env = dict(os.environ if env is None else env)
         child_env.setdefault("OMP_NUM_THREADS", str(configs[0].threads or 1))
+        if max_restarts:
+            # torch 2.14: restarted workers otherwise meet the previous group's keys in the
+            # agent's shared store and fail in init_process_group (docs/robust.md).
+            child_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         if credentials is not None:
             child_env.update(
                 ST_AUTH=credentials.auth_url, ST_USER=credentials.user, ST_KEY=credentials.key

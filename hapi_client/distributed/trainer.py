@@ -128,16 +128,20 @@ def distributed_finetune(
         cfg = _for_world(config, world, resume)
         caching = cfg.extract.cache_features
         if feature_cache is None and caching:
-            feature_cache = (
-                DiskFeatureCache(cfg.feature_cache_dir, max_bytes=cfg.feature_cache_bytes)
-                if cfg.feature_cache_dir
-                else FeatureCache()
-            )
+            feature_cache = _feature_cache(cfg)
         cache = feature_cache if caching else None
         return _Run(cfg, credentials_or_env(credentials), device, cache, resume).run()
     finally:
         if owns_group:
             dist.destroy_process_group()
+
+
+def _feature_cache(config: DistributedConfig) -> FeatureCache:
+    """On disk in ``config.feature_cache_dir`` (shared by the node's ranks and their restarts),
+    else in memory."""
+    if config.feature_cache_dir:
+        return DiskFeatureCache(config.feature_cache_dir, max_bytes=config.feature_cache_bytes)
+    return FeatureCache()
 
 
 def _for_world(
@@ -170,8 +174,9 @@ def run_sequence(
 
     One process group and one feature cache serve them all, so a sweep (e.g. one run per
     aggregation rule) pays the start-up and the HAPI extraction once: later runs find the
-    features of the same shards, model, split and transform in the cache. All configurations
-    must use the same device and backend.
+    features of the same shards, model, split and transform in the cache (on disk when the
+    first configuration names a ``feature_cache_dir``). All configurations must use the same
+    device and backend.
     """
     if not configs:
         return []
@@ -187,7 +192,7 @@ def run_sequence(
             backend=backend_for(first, device),
             timeout=timedelta(seconds=max(c.channel_timeout_s for c in configs)),
         )
-    cache = FeatureCache()
+    cache = _feature_cache(first)
     try:
         return [
             distributed_finetune(c, credentials=credentials, feature_cache=cache) for c in configs

@@ -1,0 +1,231 @@
+"""A worker killed mid-epoch under real torchrun (``--standalone --max-restarts 1``): the job
+resumes from its last checkpoint, each sample is delivered exactly once per epoch (read from the
+workers' sample logs, from outside), and the final weights equal an uninterrupted run's. With
+the disk feature cache, the restarted workers fetch nothing again.
+
+Setup: EfficientNet-Lite0 (ImageNet weights), 64 px, split = freeze = 21 (the server runs the
+backbone, the workers train the classifier on 1280 floats per sample); 480 Fashion-MNIST
+images in 12 shards of 40, 3 workers, a global batch of 48 (10 rounds per epoch), 3 epochs,
+a checkpoint every 2 rounds. Rank 2 sleeps 20 ms per sample (a simulated slow device), so a
+round lasts about 0.3 s and the kill lands mid-epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from safetensors.torch import load_file
+
+from hapi_client import ExtractOptions, TrainOptions
+from hapi_client.datasets import get_source, upload_dataset
+from hapi_client.distributed import (
+    DistributedConfig,
+    DistributedResult,
+    LaunchError,
+    delivered,
+    launch,
+    load_checkpoint,
+    read_sample_log,
+    torchrun_command,
+)
+from tests.hapi_client.conftest import ClientEnv
+
+pytestmark = [pytest.mark.slow, pytest.mark.swift]
+
+WORKERS, SAMPLES, SHARD, BATCH, EPOCHS = 3, 480, 40, 48, 3
+ROUNDS_PER_EPOCH = SAMPLES // BATCH
+CONTAINER = "resume-fmnist-train"
+EVERY_SAMPLE = sorted((s, i) for s in range(SAMPLES // SHARD) for i in range(SHARD))
+
+
+@pytest.fixture(scope="module")
+def base(client_env: ClientEnv) -> DistributedConfig:
+    conn = client_env.stack.connection()
+    source = get_source(f"fashion-mnist:train?limit={SAMPLES}")
+    upload_dataset(conn, source, CONTAINER, shard_size=SHARD, progress=False)
+    conn.close()
+    return DistributedConfig(
+        model=client_env.models["efficientnet_lite0"].name,
+        container=CONTAINER,
+        endpoint=client_env.server.url,
+        train=TrainOptions(batch_size=BATCH, epochs=EPOCHS, lr=0.003, momentum=0.9, seed=0),
+        extract=ExtractOptions(split=21, freeze_index=21, image_size=64),
+        straggler_rank=2,
+        straggler_delay_s=0.02,
+        gather_timeout_s=120,
+        channel_timeout_s=120,
+    )
+
+
+def _wait_for(what: str, check: Callable[[], Any], proc: subprocess.Popen[bytes]) -> Any:
+    """Poll ``check`` until it returns something truthy; fail if torchrun ends first."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        if proc.poll() is not None:
+            pytest.fail(f"torchrun exited with {proc.returncode} while waiting for {what}")
+        time.sleep(0.05)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def _rounds_after(records: list[dict[str, Any]], round_: int) -> dict[str, Any] | None:
+    return next((r for r in records if r["event"] == "round" and r["round"] >= round_), None)
+
+
+def _killed_run(
+    client_env: ClientEnv, config: DistributedConfig, work: Path
+) -> tuple[DistributedResult, list[dict[str, Any]], float]:
+    """Run ``config`` under torchrun with one restart allowed; kill rank 1 a few rounds into the
+    second epoch, after a checkpoint; returns the result, the sample log and the kill time."""
+    config_path = work / "config.json"
+    config_path.write_text(config.to_json())
+    # See docs/robust.md: without it a restarted worker group meets the old group's keys.
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    creds = client_env.credentials
+    env.update(ST_AUTH=creds.auth_url, ST_USER=creds.user, ST_KEY=creds.key)
+    cmd = torchrun_command(
+        WORKERS, [config_path], log_level="info", extra_args=["--max-restarts", "1"]
+    )
+    log_dir = Path(str(config.sample_log_dir))
+    kill_after = ROUNDS_PER_EPOCH + 3
+    with (work / "torchrun.log").open("wb") as out:
+        proc = subprocess.Popen(  # noqa: S603
+            cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            _wait_for(
+                f"round {kill_after}",
+                lambda: _rounds_after(read_sample_log(log_dir), kill_after),
+                proc,
+            )
+            ckpt = load_checkpoint(str(config.checkpoint_dir))
+            assert ckpt is not None and ckpt.global_round > ROUNDS_PER_EPOCH
+            victim = next(
+                r["pid"]
+                for r in read_sample_log(log_dir)
+                if r["event"] == "start" and r["rank"] == 1
+            )
+            os.kill(victim, signal.SIGKILL)
+            killed_at = time.time()
+            returncode = proc.wait(timeout=600)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    log_tail = (work / "torchrun.log").read_text(errors="replace")[-4000:]
+    assert returncode == 0, log_tail
+    result = DistributedResult.from_dict(json.loads(Path(str(config.results_path)).read_text()))
+    return result, read_sample_log(log_dir), killed_at
+
+
+def _attempts(records: list[dict[str, Any]]) -> list[int]:
+    return sorted({r["attempt"] for r in records})
+
+
+def _fetched(records: list[dict[str, Any]], attempt: int) -> int:
+    """Bytes the ranks of one start fetched (each rank's counter, at its last round)."""
+    last: dict[int, int] = {}
+    for r in records:
+        if r["event"] == "round" and r["attempt"] == attempt:
+            last[r["rank"]] = max(last.get(r["rank"], 0), r["wire_bytes"])
+    return sum(last.values())
+
+
+def _outputs(config: DistributedConfig, work: Path) -> DistributedConfig:
+    return config.replace(
+        checkpoint_dir=str(work / "ckpt"),
+        checkpoint_every=2,
+        sample_log_dir=str(work / "samples"),
+        results_path=str(work / "results.json"),
+        save_path=str(work / "weights.safetensors"),
+    )
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(
+    client_env: ClientEnv, base: DistributedConfig, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[DistributedConfig, DistributedResult]]:
+    work = tmp_path_factory.mktemp("uninterrupted")
+    config = _outputs(base, work)
+    result = launch(
+        WORKERS, config, credentials=client_env.credentials, log_path=work / "torchrun.log"
+    )
+    yield config, result
+
+
+@pytest.mark.parametrize("disk_cache", [False, True], ids=["memory cache", "disk cache"])
+def test_a_killed_worker_resumes_from_the_checkpoint_every_sample_once(
+    client_env: ClientEnv,
+    base: DistributedConfig,
+    uninterrupted: tuple[DistributedConfig, DistributedResult],
+    tmp_path: Path,
+    disk_cache: bool,
+) -> None:
+    config = _outputs(base, tmp_path)
+    if disk_cache:
+        config = config.replace(feature_cache_dir=str(tmp_path / "features"))
+    result, records, killed_at = _killed_run(client_env, config, tmp_path)
+
+    first, second = _attempts(records)
+    resumed = next(
+        r["resumed_round"] for r in records if r["event"] == "start" and r["attempt"] == second
+    )
+    assert ROUNDS_PER_EPOCH < resumed < EPOCHS * ROUNDS_PER_EPOCH
+    assert result.resumed_round == resumed
+    by_epoch = delivered(records)
+    assert sorted(by_epoch) == list(range(EPOCHS))
+    for epoch, samples in by_epoch.items():
+        assert sorted(samples) == EVERY_SAMPLE, f"epoch {epoch + 1}"
+    assert [m.samples for m in result.history] == [SAMPLES] * EPOCHS
+    assert [m.rounds for m in result.history] == [ROUNDS_PER_EPOCH] * EPOCHS
+
+    # Same world, same rounds, same seeds: the resumed run ends where the uninterrupted one did.
+    reference_config, _ = uninterrupted
+    mine = load_file(str(config.save_path))
+    theirs = load_file(str(reference_config.save_path))
+    assert mine.keys() == theirs.keys()
+    assert all(bool((mine[k] == theirs[k]).all()) for k in mine)
+
+    first_round_again = min(
+        r["t"] for r in records if r["event"] == "round" and r["attempt"] == second
+    )
+    again = _fetched(records, second)
+    print(
+        f"\n{'disk' if disk_cache else 'memory'} cache: killed rank 1 after round "
+        f"{resumed}+; training again {first_round_again - killed_at:.1f} s after the kill; "
+        f"fetched {_fetched(records, first)} bytes before the kill, {again} after the restart"
+    )
+    if disk_cache:
+        assert again == 0  # every shard was on the node's disk
+    else:
+        assert again > 0  # the memory cache died with the workers
+
+
+def test_a_finished_checkpoint_resumes_to_the_same_result(
+    client_env: ClientEnv, uninterrupted: tuple[DistributedConfig, DistributedResult]
+) -> None:
+    config, result = uninterrupted
+    again = launch(WORKERS, config, credentials=client_env.credentials)
+    assert again.resumed_round == EPOCHS * ROUNDS_PER_EPOCH
+    assert [m.loss for m in again.history] == [m.loss for m in result.history]
+
+
+def test_another_runs_checkpoint_directory_is_refused(
+    client_env: ClientEnv, uninterrupted: tuple[DistributedConfig, DistributedResult]
+) -> None:
+    config, _ = uninterrupted
+    other = config.replace(train=config.train.replace(seed=1))
+    with pytest.raises(
+        LaunchError, match=r"belongs to another run \(seed: checkpoint 0, this run 1\)"
+    ):
+        launch(WORKERS, other, credentials=client_env.credentials)

@@ -94,10 +94,28 @@ SCENARIOS: dict[str, Scenario] = {
             "hapi_bench.scenario_proxy:run_proxy",
             True,
         ),
+        Scenario(
+            "inplace",
+            "one request over an uploaded shard vs the same images as single objects indexed "
+            "in place (issue 23): images/s on the server, read and compute time",
+            "hapi_bench.scenario_in_place:run_in_place",
+            True,
+        ),
     )
 }
 #: The order of ``all``: the fast, stack-free ones first.
-ORDER = ("split", "gars", "startup", "backbones", "e2e", "oracle", "tenants", "adaptation", "proxy")
+ORDER = (
+    "split",
+    "gars",
+    "startup",
+    "backbones",
+    "e2e",
+    "oracle",
+    "tenants",
+    "adaptation",
+    "proxy",
+    "inplace",
+)
 
 
 def _function(entry: str) -> Callable[..., int]:

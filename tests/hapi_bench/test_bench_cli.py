@@ -23,6 +23,7 @@ def test_bench_list_names_every_scenario(capsys: pytest.CaptureFixture[str]) -> 
         "backbones",
         "oracle",
         "proxy",
+        "inplace",
     }
     for name in names:
         assert name in out

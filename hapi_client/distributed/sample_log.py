@@ -3,8 +3,8 @@
 With ``DistributedConfig.sample_log_dir`` every rank appends JSON lines to
 ``attempt{A}-rank{R}.jsonl`` there, where ``A`` names this start of the job (rank 0's clock in
 nanoseconds when the ranks met, which every rank of the start shares: torchrun's restart count
-is per node, and a node that joins later counts from 0): one ``start`` line (time, pid, world, the round it
-resumed after) and, after each round it took part in, a ``round`` line with the epoch, the
+is per node, and a node that joins later counts from 0): one ``start`` line (time, host name, pid, world, the round
+it resumed after) and, after each round it took part in, a ``round`` line with the epoch, the
 global round, the ``[shard, index]`` pairs it was dealt and the bytes it has fetched so far.
 
 A round logged after the last checkpoint of an attempt was trained again by the next attempt;
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -39,7 +40,13 @@ class SampleLog:
         path = root / f"attempt{self.attempt}-rank{rank}.jsonl"
         self._file: IO[str] = path.open("a", buffering=1)
         self._write(
-            {"event": "start", "pid": os.getpid(), "world": world, "resumed_round": resumed_round}
+            {
+                "event": "start",
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "world": world,
+                "resumed_round": resumed_round,
+            }
         )
 
     def _write(self, record: dict[str, Any]) -> None:

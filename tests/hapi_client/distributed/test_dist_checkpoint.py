@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from hapi_client import ExtractOptions, TrainOptions
 from hapi_client.distributed import (
     Checkpoint,
     CheckpointError,
@@ -227,3 +228,36 @@ def test_delivered_drops_the_rounds_a_restart_trained_again() -> None:
         _round(20, 1, 3, [[0, 1]]),
     ]
     assert delivered(records) == {0: [(0, 0), (0, 1), (0, 2), (0, 3)], 1: [(0, 1)]}
+
+
+def _resume_from(first_world: int, split: int = 21) -> Checkpoint:
+    return Checkpoint(
+        fingerprint={"split": split},
+        epoch=1,
+        rounds_done=2,
+        global_round=12,
+        world_size=first_world,
+        first_world_size=first_world,
+        assignment=[1] * first_world,
+    )
+
+
+def test_a_job_resumed_on_fewer_workers_names_both_worlds_when_the_rule_fails() -> None:
+    from hapi_client.distributed.trainer import _for_world
+
+    bulyan = _config(aggregator="bulyan", f=1, train=TrainOptions(batch_size=70))
+    with pytest.raises(
+        DistributedConfigError,
+        match=r"the job started with 7 workers and now has 6: .*requires n >= 4f\+3",
+    ):
+        _for_world(bulyan, 6, _resume_from(7))
+    assert _for_world(bulyan, 8, _resume_from(7)).workers_q(8) == 8
+
+
+def test_a_resumed_job_trains_at_the_checkpoints_split_when_a_rule_chooses() -> None:
+    from hapi_client.distributed.trainer import _for_world
+
+    auto = _config(extract=ExtractOptions(split="auto"))
+    assert _for_world(auto, 2, _resume_from(2, split=17)).extract.split == 17
+    fixed = _config(extract=ExtractOptions(split=12))
+    assert _for_world(fixed, 2, _resume_from(2, split=17)).extract.split == 12  # refused later

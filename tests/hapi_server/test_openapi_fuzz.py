@@ -123,8 +123,14 @@ def _keep_cross_field_rules(
 
     Those JSON Schema cannot state: a split or freeze index within the architecture's layers
     (and the profile's, whose two lists are equally long), ``crop`` not over ``resize``, a crop
-    the architecture can run on, and weights within the weights size limit.
+    the architecture can run on, weights within the weights size limit, and a layout's own
+    fields (``data_container``, ``label_field``) only with that layout.
     """
+    layout = body.get("layout", "shards")
+    if layout != "folder":
+        body.pop("data_container", None)
+    if layout != "webdataset":
+        body.pop("label_field", None)
     model = body["model"]
     assert isinstance(model, dict)
     arch = model["arch"]

@@ -3,9 +3,11 @@
 With ``DistributedConfig.sample_log_dir`` every rank appends JSON lines to
 ``attempt{A}-rank{R}.jsonl`` there, where ``A`` names this start of the job (rank 0's clock in
 nanoseconds when the ranks met, which every rank of the start shares: torchrun's restart count
-is per node, and a node that joins later counts from 0): one ``start`` line (time, host name, pid, world, the round
-it resumed after) and, after each round it took part in, a ``round`` line with the epoch, the
-global round, the ``[shard, index]`` pairs it was dealt and the bytes it has fetched so far.
+is per node, and a node that joins later counts from 0): one ``start`` line (time, host
+name, pid, world, the round it resumed after); as each round starts, a ``round`` line with the
+epoch, the global round, the ``[shard, index]`` pairs it was dealt and the bytes it had fetched until then
+(written before the gradient is sent, so a rank killed after its gradient was used has logged
+it); and an ``end`` line with the bytes fetched by the end of its training.
 
 A round logged after the last checkpoint of an attempt was trained again by the next attempt;
 :func:`delivered` keeps, for each attempt, only the rounds up to where the next one resumed, so
@@ -71,6 +73,9 @@ class SampleLog:
                 "wire_bytes": wire_bytes,
             }
         )
+
+    def end(self, wire_bytes: int) -> None:
+        self._write({"event": "end", "wire_bytes": wire_bytes})
 
     def close(self) -> None:
         self._file.close()

@@ -420,6 +420,8 @@ class _Run:
             first_epoch = self._resume_rounds(rounds)
             for epoch in range(first_epoch, cfg.train.epochs):
                 self._epoch(epoch, sizes, rounds, store, evaluator, depth)
+            if self.sample_log is not None:
+                self.sample_log.end(store.wire_bytes)
             store.clear()
         return rounds
 
@@ -490,14 +492,15 @@ class _Run:
             stats.assigned += sum(len(s) for s in mine)
             store.prefetch(schedule.upcoming_shards(self.rank, depth))
             rounds.global_round += 1
+            if self.sample_log is not None:
+                # Before the round: a rank killed after its gradient was used still logged it.
+                shards, indices = schedule.samples(mine)
+                self.sample_log.round(epoch, rounds.global_round, shards, indices, store.wire_bytes)
             if self.rank == 0:
                 full = total == cfg.train.batch_size
                 rounds.aggregate_round(epoch, schedule, mine, round_sizes, full, stats)
             else:
                 rounds.worker_round(epoch, schedule, mine, stats)
-            if self.sample_log is not None:
-                shards, indices = schedule.samples(mine)
-                self.sample_log.round(epoch, rounds.global_round, shards, indices, store.wire_bytes)
             every = cfg.checkpoint_every
             if every and rounds.global_round % every == 0 and k < len(totals) - 1:
                 self._save(

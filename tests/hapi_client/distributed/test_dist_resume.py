@@ -133,10 +133,10 @@ def _attempts(records: list[dict[str, Any]]) -> list[int]:
 
 
 def _fetched(records: list[dict[str, Any]], attempt: int) -> int:
-    """Bytes the ranks of one start fetched (each rank's counter, at its last round)."""
+    """Bytes the ranks of one start fetched (each rank's counter, at its last line)."""
     last: dict[int, int] = {}
     for r in records:
-        if r["event"] == "round" and r["attempt"] == attempt:
+        if r["event"] in ("round", "end") and r["attempt"] == attempt:
             last[r["rank"]] = max(last.get(r["rank"], 0), r["wire_bytes"])
     return sum(last.values())
 

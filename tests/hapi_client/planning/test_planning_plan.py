@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 
 from hapi_client import BandwidthEstimator
 from hapi_client.planning import ClientCosts, PipelineCosts, SplitDecision, plan_split
-from hapi_contract import Compression, OutputDtype
+from hapi_contract import Compression, DatasetLayout, OutputDtype
 
 MBIT = 1e6 / 8
 RATE = 100 * MBIT
@@ -41,7 +41,9 @@ class _Swift:
 def prepared() -> Any:
     profile = hapi_models.profile(hapi_models.get_model("alexnet", num_classes=1000))
     manifest = SimpleNamespace(
-        mean_shard_bytes_per_sample=110_000, shards=[SimpleNamespace(name="s")]
+        mean_shard_bytes_per_sample=110_000,
+        shards=[SimpleNamespace(name="s")],
+        layout=DatasetLayout.SHARDS,
     )
     return SimpleNamespace(profile=profile, manifest=manifest, freeze_index=FREEZE)
 
@@ -110,7 +112,9 @@ def _rank(rank: int, port: int, out: str) -> None:
         torch.set_num_threads(1)
         profile = hapi_models.profile(hapi_models.get_model("alexnet", num_classes=1000))
         manifest = SimpleNamespace(
-            mean_shard_bytes_per_sample=110_000, shards=[SimpleNamespace(name="s")]
+            mean_shard_bytes_per_sample=110_000,
+            shards=[SimpleNamespace(name="s")],
+            layout=DatasetLayout.SHARDS,
         )
         prepared = SimpleNamespace(profile=profile, manifest=manifest, freeze_index=FREEZE)
         # Only rank 0 measures: the other rank's client would fail if it were touched.

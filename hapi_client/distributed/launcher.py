@@ -22,9 +22,10 @@ from pathlib import Path
 from ..client import HapiClient
 from ..preflight import preflight as run_preflight
 from ..swift_session import SwiftCredentials
+from .checkpoint import load_checkpoint
 from .config import DistributedConfig
 from .errors import DistributedConfigError, LaunchError
-from .trainer import DistributedResult
+from .trainer import DistributedResult, for_world
 
 __all__ = ["launch", "launch_many", "torchrun_command"]
 
@@ -163,7 +164,10 @@ def launch_many(
     if not configs:
         return []
     for config in configs:
-        config.check_world(nproc)
+        # A damaged checkpoint, or a rule that no longer holds in this world, fails here, in
+        # one line, rather than in every worker.
+        resume = load_checkpoint(config.checkpoint_dir) if config.checkpoint_dir else None
+        for_world(config, nproc, resume)
     if preflight:
         _preflight(configs, credentials)
     with tempfile.TemporaryDirectory(prefix="hapi-dist-") as tmp:

@@ -91,7 +91,13 @@ from .setup import (
     setup_replica,
 )
 
-__all__ = ["DistributedEpochMetrics", "DistributedResult", "distributed_finetune", "run_sequence"]
+__all__ = [
+    "DistributedEpochMetrics",
+    "DistributedResult",
+    "distributed_finetune",
+    "for_world",
+    "run_sequence",
+]
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +131,7 @@ def distributed_finetune(
     try:
         world = dist.get_world_size()
         resume = load_checkpoint(config.checkpoint_dir) if config.checkpoint_dir else None
-        cfg = _for_world(config, world, resume)
+        cfg = for_world(config, world, resume)
         caching = cfg.extract.cache_features
         if feature_cache is None and caching:
             feature_cache = _feature_cache(cfg)
@@ -144,10 +150,11 @@ def _feature_cache(config: DistributedConfig) -> FeatureCache:
     return FeatureCache()
 
 
-def _for_world(
+def for_world(
     config: DistributedConfig, world: int, resume: Checkpoint | None
 ) -> DistributedConfig:
-    """``config`` for this world, resumed from ``resume``: q resized, the split it trained at."""
+    """``config`` for ``world`` workers resuming from ``resume``: q resized, the rule checked
+    (:class:`DistributedConfigError` naming both worlds), the split the checkpoint trained at."""
     if resume is None:
         config.check_world(world)
         return config

@@ -243,21 +243,21 @@ def _resume_from(first_world: int, split: int = 21) -> Checkpoint:
 
 
 def test_a_job_resumed_on_fewer_workers_names_both_worlds_when_the_rule_fails() -> None:
-    from hapi_client.distributed.trainer import _for_world
+    from hapi_client.distributed.trainer import for_world
 
     bulyan = _config(aggregator="bulyan", f=1, train=TrainOptions(batch_size=70))
     with pytest.raises(
         DistributedConfigError,
         match=r"the job started with 7 workers and now has 6: .*requires n >= 4f\+3",
     ):
-        _for_world(bulyan, 6, _resume_from(7))
-    assert _for_world(bulyan, 8, _resume_from(7)).workers_q(8) == 8
+        for_world(bulyan, 6, _resume_from(7))
+    assert for_world(bulyan, 8, _resume_from(7)).workers_q(8) == 8
 
 
 def test_a_resumed_job_trains_at_the_checkpoints_split_when_a_rule_chooses() -> None:
-    from hapi_client.distributed.trainer import _for_world
+    from hapi_client.distributed.trainer import for_world
 
     auto = _config(extract=ExtractOptions(split="auto"))
-    assert _for_world(auto, 2, _resume_from(2, split=17)).extract.split == 17
+    assert for_world(auto, 2, _resume_from(2, split=17)).extract.split == 17
     fixed = _config(extract=ExtractOptions(split=12))
-    assert _for_world(fixed, 2, _resume_from(2, split=17)).extract.split == 12  # refused later
+    assert for_world(fixed, 2, _resume_from(2, split=17)).extract.split == 12  # refused later

@@ -45,8 +45,9 @@ EPOCHS, BATCH = 3, 8
 ROUNDS_PER_EPOCH = TRAIN_SAMPLES // BATCH
 EVERY_SAMPLE = sorted((s, i) for s in range(TRAIN_SAMPLES // SHARD_SIZE) for i in range(SHARD_SIZE))
 KILL_AFTER = ROUNDS_PER_EPOCH + 2
-#: The rendezvous after a loss waits this long for more nodes once MIN are there.
-RDZV_CONF = "last_call_timeout=5"
+#: After a loss, a rendezvous waits 5 s for more nodes once MIN are there, and counts a node
+#: dead after 3 missed 1 s heartbeats (torch's defaults: 30 s, and 3 missed 5 s ones).
+RDZV_CONF = "last_call_timeout=5,keep_alive_interval=1,keep_alive_max_attempt=3"
 
 
 def _config(node_stack: NodeStack, work: Path) -> Path:

@@ -136,10 +136,21 @@ def distributed_finetune(
         if feature_cache is None and caching:
             feature_cache = _feature_cache(cfg)
         cache = feature_cache if caching else None
-        return _Run(cfg, credentials_or_env(credentials), device, cache, resume).run()
+        result = _Run(cfg, credentials_or_env(credentials), device, cache, resume).run()
+        if owns_group:
+            _leave_together()
+        return result
     finally:
         if owns_group:
             dist.destroy_process_group()
+
+
+def _leave_together() -> None:
+    """Meet before the group is torn down, so no rank tears down a group others still use. Once,
+    in a run that resumed an already finished checkpoint (every rank leaves at once), a worker
+    aborted in C++ on the way out ("terminate called without an active exception"); the cause
+    was not pinned down."""
+    dist.barrier()
 
 
 def _feature_cache(config: DistributedConfig) -> FeatureCache:
@@ -201,9 +212,12 @@ def run_sequence(
         )
     cache = _feature_cache(first)
     try:
-        return [
+        results = [
             distributed_finetune(c, credentials=credentials, feature_cache=cache) for c in configs
         ]
+        if owns_group:
+            _leave_together()
+        return results
     finally:
         if owns_group:
             dist.destroy_process_group()

@@ -32,10 +32,10 @@ from hapi_client.distributed import (
     LaunchError,
     delivered,
     launch,
-    load_checkpoint,
     read_sample_log,
     torchrun_command,
 )
+from hapi_client.distributed.checkpoint import CHECKPOINT_FILE
 from tests.hapi_client.conftest import ClientEnv
 
 pytestmark = [pytest.mark.slow, pytest.mark.swift]
@@ -78,8 +78,13 @@ def _wait_for(what: str, check: Callable[[], Any], proc: subprocess.Popen[bytes]
     pytest.fail(f"timed out waiting for {what}")
 
 
-def _rounds_after(records: list[dict[str, Any]], round_: int) -> dict[str, Any] | None:
-    return next((r for r in records if r["event"] == "round" and r["round"] >= round_), None)
+def _checkpoint_round(directory: Path) -> int:
+    """The global round of the checkpoint in ``directory`` (0: none yet); the JSON is replaced
+    atomically, so it is always whole."""
+    try:
+        return int(json.loads((directory / CHECKPOINT_FILE).read_text())["global_round"])
+    except FileNotFoundError:
+        return 0
 
 
 def _killed_run(
@@ -97,19 +102,18 @@ def _killed_run(
         WORKERS, [config_path], log_level="info", extra_args=["--max-restarts", "1"]
     )
     log_dir = Path(str(config.sample_log_dir))
-    kill_after = ROUNDS_PER_EPOCH + 3
+    kill_after = ROUNDS_PER_EPOCH + 2  # a checkpoint every 2 rounds
     with (work / "torchrun.log").open("wb") as out:
         proc = subprocess.Popen(  # noqa: S603
             cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
         try:
+            ckpt_dir = Path(str(config.checkpoint_dir))
             _wait_for(
-                f"round {kill_after}",
-                lambda: _rounds_after(read_sample_log(log_dir), kill_after),
+                f"a checkpoint of round {kill_after}",
+                lambda: _checkpoint_round(ckpt_dir) >= kill_after,
                 proc,
             )
-            ckpt = load_checkpoint(str(config.checkpoint_dir))
-            assert ckpt is not None and ckpt.global_round > ROUNDS_PER_EPOCH
             victim = next(
                 r["pid"]
                 for r in read_sample_log(log_dir)

@@ -2,7 +2,9 @@
 
 Keyed by everything that determines the features: the shard's etag, the weights' sha256, the
 split index, the input transform and the wire dtype. With the cache on, a later epoch sends no
-extraction request for a shard already seen.
+extraction request for a shard already seen. :class:`~hapi_client.DiskFeatureCache`
+(:mod:`hapi_client.feature_store`) puts this LRU in front of files on local disk, which the
+processes of a node share and a restarted process finds again.
 """
 
 from __future__ import annotations

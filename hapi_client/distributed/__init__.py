@@ -32,13 +32,13 @@ from .checkpoint import Checkpoint, load_checkpoint, round_seed, save_checkpoint
 from .config import DistributedConfig
 from .errors import (
     ChannelError,
-    CheckpointError,
     DistributedConfigError,
     DistributedError,
     GatherTimeoutError,
     LaunchError,
     ReplicaDivergenceError,
     ScheduleError,
+    TrainingCheckpointError,
 )
 from .launcher import launch, launch_many, torchrun_command
 from .messages import GradientMessage, UpdateMessage
@@ -59,7 +59,7 @@ __all__ = [
     "AggregatorChannel",
     "ChannelError",
     "Checkpoint",
-    "CheckpointError",
+    "TrainingCheckpointError",
     "DistributedConfig",
     "DistributedConfigError",
     "DistributedEpochMetrics",

@@ -15,7 +15,7 @@ The position is free of the world size (the epoch's progress is a mask over its 
 RNG needs no bytes of its own: every rank reseeds from ``(seed, rank, round)`` each round
 (:func:`round_seed`), so the saved round is the RNG state. The fingerprint (model, weights,
 dataset, split, freeze index, classes, image size, seed, optimizer) must match the run's, or
-:class:`CheckpointError` says which fields differ.
+:class:`TrainingCheckpointError` says which fields differ.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from safetensors.torch import save as save_tensors
 from torch import nn
 
 from .config import DistributedConfig
-from .errors import CheckpointError
+from .errors import TrainingCheckpointError
 from .setup import Replica
 
 __all__ = [
@@ -109,7 +109,7 @@ class Checkpoint:
     done: torch.Tensor | None = None
 
     def check_fingerprint(self, fingerprint: dict[str, Any], directory: str | Path) -> None:
-        """Raise :class:`CheckpointError` naming each field where this run differs."""
+        """Raise :class:`TrainingCheckpointError` naming each field where this run differs."""
         keys = sorted(set(self.fingerprint) | set(fingerprint))
         diff = [
             f"{k}: checkpoint {self.fingerprint.get(k)!r}, this run {fingerprint.get(k)!r}"
@@ -117,7 +117,7 @@ class Checkpoint:
             if self.fingerprint.get(k) != fingerprint.get(k)
         ]
         if diff:
-            raise CheckpointError(
+            raise TrainingCheckpointError(
                 f"the checkpoint in {directory} belongs to another run ({'; '.join(diff)}); "
                 "use another checkpoint directory or remove it to start over"
             )
@@ -152,7 +152,9 @@ def optimizer_from_parts(
     try:
         optimizer.load_state_dict({"state": state, "param_groups": parts["param_groups"]})
     except (KeyError, ValueError, RuntimeError) as exc:
-        raise CheckpointError(f"the checkpoint's optimizer state does not fit: {exc}") from exc
+        raise TrainingCheckpointError(
+            f"the checkpoint's optimizer state does not fit: {exc}"
+        ) from exc
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -214,7 +216,7 @@ def save_checkpoint(directory: str | Path, checkpoint: Checkpoint) -> Path:
 
 
 def load_checkpoint(directory: str | Path) -> Checkpoint | None:
-    """The checkpoint in ``directory``, None if it holds none; :class:`CheckpointError` if damaged."""
+    """The checkpoint in ``directory``, None if it holds none; :class:`TrainingCheckpointError` if damaged."""
     root = Path(directory)
     path = root / CHECKPOINT_FILE
     try:
@@ -222,14 +224,18 @@ def load_checkpoint(directory: str | Path) -> Checkpoint | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise CheckpointError(f"cannot read {path}: {exc}") from exc
+        raise TrainingCheckpointError(f"cannot read {path}: {exc}") from exc
     try:
         meta = json.loads(text)
         if meta.get("format") != _FORMAT:
-            raise CheckpointError(f"{path} has format {meta.get('format')!r}, expected {_FORMAT}")
+            raise TrainingCheckpointError(
+                f"{path} has format {meta.get('format')!r}, expected {_FORMAT}"
+            )
         blob = (root / str(meta["tensors"])).read_bytes()
         if hashlib.sha256(blob).hexdigest() != meta["tensors_sha256"]:
-            raise CheckpointError(f"{root / meta['tensors']} does not match its sha256 in {path}")
+            raise TrainingCheckpointError(
+                f"{root / meta['tensors']} does not match its sha256 in {path}"
+            )
         tensors = load_tensors(blob)
         return Checkpoint(
             fingerprint=dict(meta["fingerprint"]),
@@ -248,10 +254,10 @@ def load_checkpoint(directory: str | Path) -> Checkpoint | None:
             optimizer_tensors={k: v for k, v in tensors.items() if k.startswith(_OPTIM)},
             done=tensors.get(_DONE),
         )
-    except CheckpointError:
+    except TrainingCheckpointError:
         raise
     except (OSError, ValueError, KeyError, TypeError, SafetensorError) as exc:
-        raise CheckpointError(f"the checkpoint in {root} is damaged: {exc}") from exc
+        raise TrainingCheckpointError(f"the checkpoint in {root} is damaged: {exc}") from exc
 
 
 def load_model_state(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
@@ -259,4 +265,6 @@ def load_model_state(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
     try:
         module.load_state_dict(state, strict=True)
     except RuntimeError as exc:
-        raise CheckpointError(f"the checkpoint's model does not fit this run: {exc}") from exc
+        raise TrainingCheckpointError(
+            f"the checkpoint's model does not fit this run: {exc}"
+        ) from exc

@@ -11,7 +11,7 @@ the client's failures::
     |   +-- GatherTimeoutError      fewer than q replies before the round's deadline
     +-- ReplicaDivergenceError      replicas no longer hold identical parameters
     +-- LaunchError                 torchrun (the launcher's subprocess) failed
-    +-- CheckpointError             a checkpoint that is damaged or belongs to another run
+    +-- TrainingCheckpointError     a checkpoint that is damaged or belongs to another run
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from ..errors import HapiClientError
 
 __all__ = [
     "ChannelError",
-    "CheckpointError",
     "DistributedConfigError",
     "DistributedError",
     "GatherTimeoutError",
     "LaunchError",
     "ReplicaDivergenceError",
     "ScheduleError",
+    "TrainingCheckpointError",
 ]
 
 
@@ -69,6 +69,6 @@ class LaunchError(DistributedError):
         self.log_tail = log_tail
 
 
-class CheckpointError(DistributedError):
+class TrainingCheckpointError(DistributedError):
     """A checkpoint that cannot be resumed from: damaged, of another run, or not the same on
     every rank (the directory must be one that all ranks see)."""

@@ -70,7 +70,7 @@ from .checkpoint import (
 from .config import DistributedConfig
 from .data import ShardStore
 from .epoch_end import Evaluator, finish_epoch
-from .errors import CheckpointError, DistributedConfigError
+from .errors import DistributedConfigError, TrainingCheckpointError
 from .rendezvous import open_channels
 from .results import DistributedEpochMetrics, DistributedResult, EpochStats
 from .rounds import Rounds
@@ -311,7 +311,7 @@ class _Run:
         dist.all_gather(everyone, mine)
         rounds = {int(t[0]) for t in everyone}
         if len(rounds) > 1:
-            raise CheckpointError(
+            raise TrainingCheckpointError(
                 f"the ranks read different checkpoints from {self.config.checkpoint_dir} (rounds "
                 f"{sorted(rounds)}, -1: none): it must be a directory every rank sees"
             )

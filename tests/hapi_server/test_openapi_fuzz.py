@@ -54,6 +54,10 @@ DATA_CHECKS = {POSITIVE: positive_data_acceptance, NEGATIVE: negative_data_rejec
 # The smallest crop every architecture runs on (alexnet's pooling needs 63): a smaller one is the
 # documented 422 "a crop too small for the architecture".
 MIN_CROP = 64
+# The architectures that run on their own crop alone: a ViT's position embedding fixes its input
+# size, and MaxViT's 7x7 windows need every stage's feature map divisible by 7 (224, 448, ...).
+# Every other listed architecture runs on any crop from MIN_CROP up (checked over 64, 97 and 575).
+FIXED_INPUT = ("vit_", "maxvit_")
 # Fewer classes than would make any architecture's weights pass HAPI_MAX_WEIGHTS_BYTES (VGG19
 # does near 97,000): over that, the documented 413 for weights bytes, checked before any read.
 MAX_CLASSES = 50_000
@@ -157,7 +161,7 @@ def _keep_cross_field_rules(
     transform = body["transform"]
     assert isinstance(transform, dict)
     transform["crop"] = max(transform["crop"], MIN_CROP)
-    if arch.startswith("vit_"):  # a ViT's position embedding fixes its input size
+    if arch.startswith(FIXED_INPUT):
         transform["crop"] = hapi_models.get_spec(arch).transform.crop
     transform["resize"] = max(transform["resize"], transform["crop"])
 

@@ -15,9 +15,9 @@ from torch import nn
 from hapi_client import ExtractOptions, TrainOptions
 from hapi_client.distributed import (
     Checkpoint,
-    CheckpointError,
     DistributedConfig,
     DistributedConfigError,
+    TrainingCheckpointError,
     delivered,
     load_checkpoint,
     round_seed,
@@ -137,13 +137,13 @@ def test_no_checkpoint_is_none_and_damage_is_an_error(tmp_path: Path) -> None:
     data = bytearray(tensors.read_bytes())
     data[-1] ^= 0xFF
     tensors.write_bytes(bytes(data))
-    with pytest.raises(CheckpointError, match="sha256"):
+    with pytest.raises(TrainingCheckpointError, match="sha256"):
         load_checkpoint(tmp_path)
     tensors.unlink()
-    with pytest.raises(CheckpointError, match="damaged"):
+    with pytest.raises(TrainingCheckpointError, match="damaged"):
         load_checkpoint(tmp_path)
     (tmp_path / CHECKPOINT_FILE).write_text("{not json")
-    with pytest.raises(CheckpointError, match="damaged"):
+    with pytest.raises(TrainingCheckpointError, match="damaged"):
         load_checkpoint(tmp_path)
 
 
@@ -154,7 +154,7 @@ def test_another_runs_checkpoint_is_refused_naming_the_difference(tmp_path: Path
     assert loaded is not None
     loaded.check_fingerprint(dict(FINGERPRINT), tmp_path)
     other = {**FINGERPRINT, "split": 12, "dataset_sha256": "cd"}
-    with pytest.raises(CheckpointError, match=r"split: checkpoint 21, this run 12") as info:
+    with pytest.raises(TrainingCheckpointError, match=r"split: checkpoint 21, this run 12") as info:
         loaded.check_fingerprint(other, tmp_path)
     assert "dataset_sha256" in str(info.value) and "model" not in str(info.value)
 
@@ -165,9 +165,9 @@ def test_a_model_or_optimizer_of_another_shape_is_refused(tmp_path: Path) -> Non
     loaded = load_checkpoint(tmp_path)
     assert loaded is not None
     other = nn.Sequential(nn.Linear(6, 4))
-    with pytest.raises(CheckpointError, match="model does not fit"):
+    with pytest.raises(TrainingCheckpointError, match="model does not fit"):
         load_model_state(other, loaded.model)
-    with pytest.raises(CheckpointError, match="optimizer state does not fit"):
+    with pytest.raises(TrainingCheckpointError, match="optimizer state does not fit"):
         optimizer_from_parts(
             torch.optim.SGD(other.parameters(), lr=0.1), loaded.optimizer, loaded.optimizer_tensors
         )

@@ -25,9 +25,10 @@ import inspect
 import itertools
 import logging
 import math
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import fx, nn
@@ -37,6 +38,8 @@ from .errors import UntraceableModelError
 log = logging.getLogger(__name__)
 
 __all__ = ["GraphLayers", "split_graph"]
+
+_Tracer = TypeVar("_Tracer", bound=fx.Tracer)
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,7 @@ def _trace(
     kwargs = feature_extraction._set_default_tracer_kwargs(
         {k: list(v) if k != "autowrap_modules" else tuple(v) for k, v in (extra or {}).items()}
     )
-    tracer = feature_extraction.NodePathTracer(**kwargs)
+    tracer = _thread_bound(feature_extraction.NodePathTracer)(**kwargs)
     net.eval()
     try:
         graph = tracer.trace(net, concrete_args=_defaults_after_input(net))
@@ -116,6 +119,42 @@ def _trace(
         ) from exc
     graph_module = fx.GraphModule(tracer.root, graph, type(net).__name__)
     return graph_module, dict(tracer.node_to_qualname)
+
+
+def _thread_bound(tracer_class: type[_Tracer]) -> type[_Tracer]:
+    """``tracer_class``, tracing only the calls made in the thread that traces.
+
+    While it traces, torch.fx patches ``nn.Module.__call__`` and ``__getattr__`` for the whole
+    process, not the tracing thread alone: a server that builds one request's model while it runs
+    another's head would see that forward routed into the trace (``NameError: module is not
+    installed as a submodule``). torch.fx has no per-thread switch, so the tracer hands every call
+    from another thread straight back to the module as if no trace were under way.
+    """
+
+    class ThreadBoundTracer(tracer_class):  # type: ignore[valid-type,misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._owner = threading.get_ident()
+
+        def call_module(
+            self,
+            m: nn.Module,
+            forward: Callable[..., Any],
+            args: tuple[Any, ...],
+            kwargs: dict[str, Any],
+        ) -> Any:
+            if threading.get_ident() != self._owner:
+                return forward(*args, **kwargs)
+            return super().call_module(m, forward, args, kwargs)
+
+        def getattr(
+            self, attr: str, attr_val: Any, parameter_proxy_cache: dict[str, fx.Proxy]
+        ) -> Any:
+            if threading.get_ident() != self._owner:
+                return attr_val
+            return super().getattr(attr, attr_val, parameter_proxy_cache)
+
+    return ThreadBoundTracer
 
 
 def _defaults_after_input(net: nn.Module) -> dict[str, Any]:

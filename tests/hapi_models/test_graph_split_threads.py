@@ -24,13 +24,6 @@ class _Gate(nn.Module):
         return x
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=NameError,
-    reason="torch.fx patches nn.Module.__call__ for the whole process while it traces: a "
-    "forward in another thread meanwhile raises NameError('module is not installed as a "
-    "submodule'); the HAPI server answers such an extraction with a 500",
-)
 @pytest.mark.parametrize("arch", ["resnet18", "tinycnn"])
 def test_a_forward_in_another_thread_runs_while_a_network_is_cut(arch: str) -> None:
     running = hm.get_model(arch, num_classes=3)  # built (and, for tinycnn, traced) before

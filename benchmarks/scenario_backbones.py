@@ -16,11 +16,13 @@ side as the testbed gives the client and the server one core each:
 * **the oracle comparison**, modelled: the epoch of :data:`EPOCH_SAMPLES` photos (the ``oracle``
   scenario's) at every split from the same measured costs as a three-stage pipeline (server,
   wire, client: the e2e scenario's lower bound max(storage CPU, client CPU, bytes / rate) per
-  iteration) that also fills and drains, ``sum(stages) + (n - 1) * max(stages)``; each rule's
-  epoch over the best split's, and the same over :data:`LONG_EPOCH_SAMPLES` images, where the
-  steady state rules. The rule predicts the steady state only, so what these ratios show is what
-  ignoring the fill and drain (and its 2 % tie band) costs on the costs it sees, not how wrong
-  the costs are: the ``oracle`` scenario measures real epochs of the thesis' networks;
+  iteration) that also fills and drains, ``sum(stages) + (n - 1) * max(stages)``
+  (:meth:`hapi_client.planning.StageTimes.epoch_s`); each rule's epoch over the best split's,
+  and the same over :data:`LONG_EPOCH_SAMPLES` images, where the steady state rules. ``auto``
+  ranks the splits by that same epoch time for the epoch it is told of (a run tells it its
+  samples over its batch), so what these ratios show is what its 2 % tie band costs on the costs
+  it sees, not how wrong the costs are: the ``oracle`` scenario measures real epochs of the
+  thesis' networks;
 * **the regime** of every row as the e2e scenario states it: BASELINE's crossover rate
   (:class:`hapi_bench.regime.Regime`, from the client's measured compute), network-bound below
   it, compute-bound above; and the stage that limits the chosen split.
@@ -47,7 +49,6 @@ from hapi_client.datasets import get_source
 from hapi_client.planning import (
     ClientCosts,
     ServerCosts,
-    StageTimes,
     choose_split_by_time,
     choose_split_index,
     measure_client_costs,
@@ -60,7 +61,7 @@ from .regime import Regime
 from .results import ResultSet
 from .scenario_split import stored_bytes_per_sample
 
-__all__ = ["MODELS", "RATES_MBIT", "modelled_epoch_s", "run_backbones"]
+__all__ = ["MODELS", "RATES_MBIT", "run_backbones"]
 
 MODELS = (
     "vit_b_16",
@@ -84,13 +85,6 @@ WIRE_DTYPE = OutputDtype.BFLOAT16
 WIRE_COMPRESSION = Compression.ZSTD
 #: Generous: the photos are 500x375.
 MAX_PIXELS = 100_000_000
-
-
-def modelled_epoch_s(stage: StageTimes, iterations: int) -> float:
-    """One epoch of ``iterations`` through the three-stage pipeline: the first batch passes
-    every stage, each later one adds the slowest stage's time."""
-    stages = (stage.server_s, stage.wire_s, stage.client_s)
-    return sum(stages) + (iterations - 1) * max(stages)
 
 
 @contextmanager
@@ -189,7 +183,9 @@ def _choice_rows(m: _Measured, stored: float, rates: tuple[float, ...]) -> Itera
     )
     for rate in rates:
         bandwidth = rate * 1e6 / 8
-        auto = choose_split_by_time(m.server, m.client, stored, BATCH, bandwidth, freeze)
+        auto = choose_split_by_time(
+            m.server, m.client, stored, BATCH, bandwidth, freeze, iterations=iterations
+        )
         thesis = choose_split_index(
             m.profile,
             stored,
@@ -198,10 +194,14 @@ def _choice_rows(m: _Measured, stored: float, rates: tuple[float, ...]) -> Itera
             freeze,
             wire_bytes_per_element=wire_itemsize(WIRE_DTYPE),
         )
-        epochs = {t.split: modelled_epoch_s(t, iterations) for t in auto.predictions}
+        epochs = {t.split: t.epoch_s(iterations) for t in auto.predictions}
         stages = {t.split: t for t in auto.predictions}
         best = min(epochs, key=lambda s: (epochs[s], s))
-        long = {t.split: modelled_epoch_s(t, long_iterations) for t in auto.predictions}
+        # The rule decides for the epoch it is told of: a run over 10,000 images asks it again.
+        long_auto = choose_split_by_time(
+            m.server, m.client, stored, BATCH, bandwidth, freeze, iterations=long_iterations
+        )
+        long = {t.split: t.epoch_s(long_iterations) for t in auto.predictions}
         long_best = min(long, key=lambda s: (long[s], s))
         chosen = stages[auto.split_index]
         yield {
@@ -224,7 +224,8 @@ def _choice_rows(m: _Measured, stored: float, rates: tuple[float, ...]) -> Itera
             "thesis_over_best": round(epochs[thesis.split_index] / epochs[best], 3),
             "baseline_over_auto": round(epochs[0] / epochs[auto.split_index], 3),
             "long_best_split": long_best,
-            "long_auto_over_best": round(long[auto.split_index] / long[long_best], 3),
+            "long_auto_split": long_auto.split_index,
+            "long_auto_over_best": round(long[long_auto.split_index] / long[long_best], 3),
             "long_thesis_over_best": round(long[thesis.split_index] / long[long_best], 3),
             "auto_reason": auto.reason,
         }

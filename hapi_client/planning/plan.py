@@ -53,10 +53,12 @@ def decide_split(
     output_dtype: OutputDtype,
     split: SplitChoice | str,
     costs: PipelineCosts | None = None,
+    world_size: int = 1,
 ) -> SplitDecision:
-    """The split for ``split`` = ``"auto"`` (the fastest predicted from ``costs`` and
-    ``bandwidth``; Algorithm 2 when the server's costs are missing), ``"thesis"`` (Algorithm 2
-    on ``bandwidth``), ``"freeze"`` or an index in ``[0, freeze]``. Pure: measures nothing."""
+    """The split for ``split`` = ``"auto"`` (the fastest epoch predicted from ``costs`` and
+    ``bandwidth``, each of ``world_size`` ranks taking its share of the manifest's samples;
+    Algorithm 2 when the server's costs are missing), ``"thesis"`` (Algorithm 2 on
+    ``bandwidth``), ``"freeze"`` or an index in ``[0, freeze]``. Pure: measures nothing."""
     if split == "freeze":
         return SplitDecision(freeze, "forced to the freeze index", 0.0, 0.0, 0.0, (), "forced")
     if isinstance(split, int) and not isinstance(split, bool):
@@ -77,6 +79,7 @@ def decide_split(
             batch_size,
             bandwidth,
             freeze,
+            iterations=-(-manifest.num_samples // (batch_size * world_size)),
         )
     decision = choose_split_index(
         prof,
@@ -163,8 +166,9 @@ def plan_split(
                 first = ShardSource.of(manifest, container, 0)
                 probed = client.swift.probe(first.container, first.shard)
                 bandwidth = client.bandwidth.bytes_per_s or probed
+        world = torch.distributed.get_world_size() if collective else 1
         decision = decide_split(
-            prof, manifest, batch_size, bandwidth, freeze, output_dtype, choice, measured
+            prof, manifest, batch_size, bandwidth, freeze, output_dtype, choice, measured, world
         )
         if current is not None and decision.split_index != current.split_index:
             log.info(

@@ -14,10 +14,16 @@ the three stages of the pipeline per training iteration of ``batch`` samples:
 * **client**: layers ``[s, freeze)`` forward, and the trainable tail's forward, backward and
   optimizer step, measured once on the client's device; plus decoding at split 0.
 
-The stages overlap (the client prefetches), so an iteration takes the slowest of the three; the
-split with the smallest predicted time wins, and among splits within 2 % of it the one that
-ships the fewest bytes (a prediction is not more exact than that, and fewer bytes leave more of
-a shared link to others). Unpacking frames on the client (zstd, float16 to float32) is not
+The stages overlap (the client prefetches), so in the steady state an iteration takes the
+slowest of the three. An epoch of ``n`` iterations also fills and drains the pipeline: its first
+batch passes every stage before the steady state begins, so it takes
+``sum(stages) + (n - 1) * max(stages)``. Where the epoch's length is known the rule ranks the
+splits by that epoch time, else by the steady-state iteration; on a short epoch (a few
+iterations) the fill weighs, and a split whose first batch crosses a slow link with more bytes
+loses to one that ships less, even when both are equally fast per iteration. The split with the
+smallest predicted time wins, and among splits within 2 % of it the one that ships the fewest
+bytes (a prediction is not more exact than that, and fewer bytes leave more of a shared link to
+others). Unpacking frames on the client (zstd, float16 to float32) is not
 counted: it runs at gigabytes per second, far below the other stages.
 """
 
@@ -89,6 +95,12 @@ class StageTimes:
     def iteration_s(self) -> float:
         return max(self.server_s, self.wire_s, self.client_s)
 
+    def epoch_s(self, iterations: int) -> float:
+        """One epoch of ``iterations`` through the three-stage pipeline: the first batch passes
+        every stage, each later one adds the slowest stage's time."""
+        stages = (self.server_s, self.wire_s, self.client_s)
+        return sum(stages) + (iterations - 1) * max(stages)
+
     @property
     def limiter(self) -> str:
         stages = {"server": self.server_s, "wire": self.wire_s, "client": self.client_s}
@@ -147,20 +159,29 @@ def choose_split_by_time(
     batch_size: int,
     bandwidth_bytes_per_s: float,
     freeze_index: int,
+    iterations: int | None = None,
 ) -> SplitDecision:
-    """The split with the smallest predicted time per iteration (see the module docstring)."""
+    """The split with the smallest predicted time (see the module docstring): of an epoch of
+    ``iterations`` where it is given, else of one steady-state iteration."""
+    if iterations is not None and iterations < 1:
+        raise ConfigurationError(f"an epoch needs at least one iteration, got {iterations}")
     times = predict_stage_times(
         server, client, stored_bytes_per_sample, batch_size, bandwidth_bytes_per_s, freeze_index
     )
-    fastest = min(t.iteration_s for t in times)
-    near = [t for t in times if t.iteration_s <= fastest * TIE_TOLERANCE]
+
+    def predicted(t: StageTimes) -> float:
+        return t.iteration_s if iterations is None else t.epoch_s(iterations)
+
+    fastest = min(predicted(t) for t in times)
+    near = [t for t in times if predicted(t) <= fastest * TIE_TOLERANCE]
     winner = min(near, key=lambda t: (t.wire_bytes, t.split))
-    others = sorted((t for t in times if t.split != winner.split), key=lambda t: t.iteration_s)
-    reason = f"predicted fastest, {winner.describe()}"
+    others = sorted((t for t in times if t.split != winner.split), key=predicted)
+    over = "per iteration" if iterations is None else f"over an epoch of {iterations} iterations"
+    reason = f"predicted fastest {over}, {winner.describe()}"
     if others:
         runner = others[0]
         reason += f"; runner-up {runner.describe()}"
-        if runner.iteration_s < winner.iteration_s:
+        if predicted(runner) < predicted(winner):
             reason += (
                 f" (within {TIE_TOLERANCE - 1:.0%} of each other, which a prediction cannot "
                 "tell apart: the one shipping fewer bytes wins)"

@@ -79,3 +79,29 @@ def test_costs_must_cover_the_freeze_index() -> None:
         predict_stage_times(SERVER, CLIENT, STORED, 10, MBIT, 5)
     with pytest.raises(ConfigurationError, match="bandwidth"):
         predict_stage_times(SERVER, CLIENT, STORED, 10, 0.0, 4)
+
+
+def test_a_short_epoch_weighs_the_fill_of_the_pipeline() -> None:
+    """Split 2 is faster per iteration, split 1 gets its first batch through sooner: over a
+    long epoch (or the steady state) split 2 wins, over a one-iteration epoch split 1."""
+    server = ServerCosts(
+        decode_s=0.0,
+        layer_s=[0.0, 0.05],
+        encode_s=[0.0, 0.0],
+        wire_bytes=[100_000.0, 50_000.0],
+    )
+    client = ClientCosts(decode_s=0.0, layer_s=[0.0, 0.0], train_s=0.05, step_s=0.0)
+    # Batches of 10 at 10 Mbit/s: split 1 ships 1 MB (0.8 s) and computes nothing on the
+    # server; split 2 ships 0.5 MB (0.4 s) after 0.5 s on the server; the client takes 0.5 s.
+    times = {t.split: t for t in predict_stage_times(server, client, 1e6, 10, 10 * MBIT, 2)}
+    assert times[1].iteration_s == pytest.approx(0.8)
+    assert times[2].iteration_s == pytest.approx(0.5)
+    assert times[1].epoch_s(1) == pytest.approx(0.8 + 0.5)
+    assert times[2].epoch_s(1) == pytest.approx(0.5 + 0.4 + 0.5)
+    one = choose_split_by_time(server, client, 1e6, 10, 10 * MBIT, 2, iterations=1)
+    many = choose_split_by_time(server, client, 1e6, 10, 10 * MBIT, 2, iterations=100)
+    steady = choose_split_by_time(server, client, 1e6, 10, 10 * MBIT, 2)
+    assert (one.split_index, many.split_index, steady.split_index) == (1, 2, 2)
+    assert "over an epoch of 1 iterations" in one.reason
+    with pytest.raises(ConfigurationError, match="at least one iteration"):
+        choose_split_by_time(server, client, 1e6, 10, 10 * MBIT, 2, iterations=0)

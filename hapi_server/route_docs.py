@@ -161,8 +161,13 @@ def install_openapi(app: FastAPI, settings: ServerSettings) -> None:
         model_ref = schemas["ModelRef"]
         arch = model_ref["properties"]["arch"]
         arch["enum"] = archs
+        # timm's names (about a thousand, tags included) are resolved on demand, not listed: the
+        # enum holds what is listed, so every name it allows is one the server runs, and the
+        # description says that the server takes ``timm/NAME`` beyond it.
         arch["description"] = (
-            f"a registry architecture: one of {', '.join(archs)} (`GET /v1/models` describes them)"
+            f"a registry architecture: one of {', '.join(archs)} (`GET /v1/models` describes them); "
+            "beyond this list the server also takes a timm model as `timm/NAME` (for example "
+            "`timm/convnext_atto`), resolved when first named"
         )
         # The contract lets a client build a ModelRef without weights; these endpoints refuse it.
         weights = model_ref["properties"]["weights"]

@@ -71,6 +71,10 @@ def _status(proxy: ProxyProcess, field: str) -> int:
     raise AssertionError(f"no {field} in /proc/PID/status")
 
 
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.0f} MiB"
+
+
 def _per_sample(side: int) -> int:
     return MemoryEstimator().estimate(ARCH, 3, (3, side, side), SPLIT, "cpu").bytes_per_sample
 
@@ -82,15 +86,25 @@ def test_a_request_that_cannot_fit_is_refused_by_the_proxy_as_by_the_server(
     # The premise: even the smallest batch the adaptation may hand out does not fit.
     assert min(B_MIN, len(mw_data.images)) * _per_sample(side) > BUDGET - RESERVE
     body = mw_data.body(ARCH, SPLIT, side=side, b_max=64)
+    before = {f: _status(budget_proxy, f) for f in ("VmHWM", "VmRSS")}
     inside = extract(shard_url(budget_proxy), body, mw_data.headers())
+    after = {f: _status(budget_proxy, f) for f in ("VmHWM", "VmRSS")}
     server = extract(shard_url(budget_decoupled), body, mw_data.headers())
+    # The figures for a report (shown with -s).
+    print(
+        f"\nin-proxy memory, {ARCH} split {SPLIT} {side}x{side} refused with {inside.status}: "
+        f"VmHWM {_mib(before['VmHWM'])} -> {_mib(after['VmHWM'])}, "
+        f"VmRSS {_mib(before['VmRSS'])} -> {_mib(after['VmRSS'])}, "
+        f"budget {_mib(BUDGET)} (reserve {_mib(RESERVE)}; smallest batch needs "
+        f"{_mib(min(B_MIN, len(mw_data.images)) * _per_sample(side))})"
+    )
     assert (inside.status, server.status) == (507, 507), (inside.body, server.body)
     assert inside.headers["x-hapi-execution"] == "in_proxy"
     refusal = json.loads(inside.body)
     assert refusal["code"] == json.loads(server.body)["code"] == "insufficient_memory"
     assert "lower b_max or the split index" in refusal["detail"]
     # Refused before anything ran: the proxy never held more than its budget.
-    assert _status(budget_proxy, "VmHWM") < BUDGET
+    assert after["VmHWM"] < BUDGET
 
 
 def test_a_request_that_fits_runs_at_a_planned_batch_within_the_budget(
@@ -104,8 +118,14 @@ def test_a_request_that_fits_runs_at_a_planned_batch_within_the_budget(
     assert got.status == 200, got.body
     assert got.end is not None and sum(got.end.meta["cos_batch_sizes"]) == samples
     assert int(got.headers["x-hapi-cos-batch-size"]) == max(got.end.meta["cos_batch_sizes"])
+    peak = _status(budget_proxy, "VmHWM")
+    print(
+        f"\nin-proxy memory, {ARCH} split {SPLIT} {side}x{side} served at COS batches "
+        f"{got.end.meta['cos_batch_sizes']}: VmRSS before {_mib(before)}, VmHWM after "
+        f"{_mib(peak)}, VmRSS after {_mib(_status(budget_proxy, 'VmRSS'))}, budget {_mib(BUDGET)}"
+    )
     # What the request added to the proxy stays within what the planner may hand out.
-    assert _status(budget_proxy, "VmHWM") - before < BUDGET - RESERVE
+    assert peak - before < BUDGET - RESERVE
 
 
 def test_both_executions_refuse_a_request_without_a_token_on_a_public_container(

@@ -232,3 +232,62 @@ def test_info_advertises_hapi(decoupled_proxy: ProxyProcess) -> None:
     assert info["hapi"]["execution"] == "decoupled"
     assert info["hapi"]["request_header"] == "X-Hapi-Request"
     assert "hapi_servers" not in info["hapi"]
+
+
+@pytest.mark.parametrize("execution", ["decoupled", "in_proxy"])
+def test_a_hapi_content_type_post_to_a_container_or_account_is_swifts_metadata_update(
+    execution: str,
+    mw_data: MwData,
+    swift_stack: RunningStack,
+    request: pytest.FixtureRequest,
+) -> None:
+    """Issue 19, point 7: the filter acts on object URLs only. A POST with the HAPI request's
+    content type to a container or an account is Swift's metadata update, answered by Swift
+    exactly as without the filter (204), not a 400 from the filter."""
+    proxy: ProxyProcess = request.getfixturevalue(f"{execution}_proxy")
+    container = f"hapi-mw-post-{execution.replace('_', '-')}"
+    body = json.dumps({**mw_data.body("alexnet", 3), "container": container, "shard": SHARD})
+    hapi_type = {"Content-Type": "application/x-hapi-request+json"}
+    auth = {"X-Auth-Token": mw_data.token}
+    key = f"X-Account-Meta-Hapi-Post-{execution.replace('_', '-')}"  # no "_" in a header
+    seen = {}
+    with httpx.Client(timeout=60) as http:
+        for name, base in (("plain", swift_stack.proxy_url), ("filtered", proxy.url)):
+            account = f"{base}/v1/AUTH_test"
+            assert http.put(f"{account}/{container}", headers=auth).status_code in (201, 202)
+            set_c = http.post(
+                f"{account}/{container}",
+                content=body,
+                headers={**auth, **hapi_type, "X-Container-Meta-Via": name},
+            )
+            head_c = http.head(f"{account}/{container}", headers=auth)
+            set_a = http.post(account, content=body, headers={**auth, **hapi_type, key: name})
+            head_a = http.head(account, headers=auth)
+            removed = http.post(account, headers={**auth, **hapi_type, key: ""})
+            gone = key.lower() not in http.head(account, headers=auth).headers
+            seen[name] = {
+                "container": (set_c.status_code, set_c.headers.get("content-type", "")),
+                "container_meta": head_c.headers.get("x-container-meta-via"),
+                "account": (set_a.status_code, set_a.headers.get("content-type", "")),
+                "account_meta": head_a.headers.get(key.lower()),
+                "removed": (removed.status_code, gone),
+                "answered_by_swift": set_c.headers["x-trans-id"].startswith("tx")
+                and set_a.headers["x-trans-id"].startswith("tx"),
+                "not_the_filter": "code" not in set_c.text and "code" not in set_a.text,
+            }
+    assert seen["filtered"]["container"][0] == 204, seen
+    assert seen["filtered"]["account"][0] == 204, seen
+    assert seen["filtered"]["container_meta"] == "filtered"  # the metadata update took place
+    assert seen["filtered"]["account_meta"] == "filtered"
+    assert seen["filtered"]["removed"] == (204, True)
+    assert seen["filtered"]["answered_by_swift"] and seen["filtered"]["not_the_filter"]
+    # Everything else as without the filter (the metadata values are each run's own).
+    for name in seen:
+        seen[name].pop("container_meta")
+        seen[name].pop("account_meta")
+    assert seen["plain"] == seen["filtered"]
+    # An object URL with the same content type is still a HAPI request (the filter's answer).
+    obj = httpx.post(
+        f"{proxy.account_url()}/{container}/none.tar", content=body, headers={**auth, **hapi_type}
+    )
+    assert obj.status_code == 400 and obj.json()["code"] == "path_mismatch"

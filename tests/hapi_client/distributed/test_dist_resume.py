@@ -17,7 +17,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +35,8 @@ from hapi_client.distributed import (
     read_sample_log,
     torchrun_command,
 )
-from hapi_client.distributed.checkpoint import CHECKPOINT_FILE
 from tests.hapi_client.conftest import ClientEnv
+from tests.hapi_client.distributed.torchrun_jobs import checkpoint_round, torchrun_env, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.swift]
 
@@ -65,28 +65,6 @@ def base(client_env: ClientEnv) -> DistributedConfig:
     )
 
 
-def _wait_for(what: str, check: Callable[[], Any], proc: subprocess.Popen[bytes]) -> Any:
-    """Poll ``check`` until it returns something truthy; fail if torchrun ends first."""
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        if proc.poll() is not None:
-            pytest.fail(f"torchrun exited with {proc.returncode} while waiting for {what}")
-        time.sleep(0.05)
-    pytest.fail(f"timed out waiting for {what}")
-
-
-def _checkpoint_round(directory: Path) -> int:
-    """The global round of the checkpoint in ``directory`` (0: none yet); the JSON is replaced
-    atomically, so it is always whole."""
-    try:
-        return int(json.loads((directory / CHECKPOINT_FILE).read_text())["global_round"])
-    except FileNotFoundError:
-        return 0
-
-
 def _killed_run(
     client_env: ClientEnv, config: DistributedConfig, work: Path
 ) -> tuple[DistributedResult, list[dict[str, Any]], float]:
@@ -95,9 +73,7 @@ def _killed_run(
     config_path = work / "config.json"
     config_path.write_text(config.to_json())
     # See docs/robust.md: without it a restarted worker group meets the old group's keys.
-    env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
-    creds = client_env.credentials
-    env.update(ST_AUTH=creds.auth_url, ST_USER=creds.user, ST_KEY=creds.key)
+    env = torchrun_env(client_env.credentials, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     cmd = torchrun_command(
         WORKERS, [config_path], log_level="info", extra_args=["--max-restarts", "1"]
     )
@@ -109,9 +85,9 @@ def _killed_run(
         )
         try:
             ckpt_dir = Path(str(config.checkpoint_dir))
-            _wait_for(
+            wait_for(
                 f"a checkpoint of round {kill_after}",
-                lambda: _checkpoint_round(ckpt_dir) >= kill_after,
+                lambda: checkpoint_round(ckpt_dir) >= kill_after,
                 proc,
             )
             victim = next(

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         ServerUnavailableError,
         SwiftAccessError,
         SwiftUnavailableError,
+        TrainingCheckpointError,
         VerificationError,
     )
     from .feature_cache import FeatureCache
@@ -81,6 +82,7 @@ __all__ = [
     "SwiftSession",
     "SwiftUnavailableError",
     "TokenBucket",
+    "TrainingCheckpointError",
     "TrainOptions",
     "choose_split_index",
     "download_model",

@@ -9,6 +9,7 @@ HapiClientError                   every error the client raises on purpose
 ├── ServerUnavailableError        the HAPI server unreachable or failing for the retry budget
 ├── DeliveryError                 samples lost or duplicated
 ├── VerificationError             features from the server differ from the local recomputation
+├── TrainingCheckpointError       a checkpoint that is damaged or belongs to another run
 ├── datasets.DatasetError         building, uploading or reading a dataset (hapi_client.datasets)
 │   ├── SourceError, SourceSpecError, DatasetNotFoundError, CorruptDatasetError
 │   └── SwiftError (also SwiftAccessError): SwiftAuthError
@@ -86,3 +87,12 @@ class DeliveryError(HapiClientError):
 
 class VerificationError(HapiClientError):
     """Pushdown verification found features or labels that the local model does not reproduce."""
+
+
+class TrainingCheckpointError(HapiClientError):
+    """A checkpoint that cannot be resumed from: damaged, of another run, or (multi-worker) not
+    the same on every rank (the directory must be one that all ranks see).
+
+    Raised by the single-process recipe and by :mod:`hapi_client.distributed` alike (both write
+    through :mod:`hapi_client.checkpoint_store`).
+    """

@@ -11,12 +11,14 @@ the client's failures::
     |   +-- GatherTimeoutError      fewer than q replies before the round's deadline
     +-- ReplicaDivergenceError      replicas no longer hold identical parameters
     +-- LaunchError                 torchrun (the launcher's subprocess) failed
-    +-- TrainingCheckpointError     a checkpoint that is damaged or belongs to another run
+
+:class:`~hapi_client.errors.TrainingCheckpointError` (a damaged checkpoint, or another run's) is
+the client's, shared with the single-process recipe; it is re-exported here.
 """
 
 from __future__ import annotations
 
-from ..errors import HapiClientError
+from ..errors import HapiClientError, TrainingCheckpointError
 
 __all__ = [
     "ChannelError",
@@ -67,8 +69,3 @@ class LaunchError(DistributedError):
         super().__init__(message if not log_tail else f"{message}\n--- log tail ---\n{log_tail}")
         self.returncode = returncode
         self.log_tail = log_tail
-
-
-class TrainingCheckpointError(DistributedError):
-    """A checkpoint that cannot be resumed from: damaged, of another run, or not the same on
-    every rank (the directory must be one that all ranks see)."""

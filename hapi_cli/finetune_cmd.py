@@ -126,6 +126,8 @@ def _run(args: argparse.Namespace) -> int:
             device=args.device,
             progress=not args.quiet,
             verify_fraction=args.verify_fraction,
+            checkpoint_dir=getattr(args, "checkpoint_dir", None),
+            checkpoint_every=getattr(args, "checkpoint_every", None),
         )
     if result.split is not None:
         print(

@@ -25,11 +25,37 @@ if TYPE_CHECKING:
     # the `finetune` parser (every `hapi --help`) does not.
     from hapi_client.distributed import DistributedConfig, DistributedResult
 
-__all__ = ["add_worker_arguments", "config_from_args", "format_result", "run_from_args"]
+__all__ = [
+    "add_checkpoint_arguments",
+    "add_worker_arguments",
+    "config_from_args",
+    "format_result",
+    "run_from_args",
+]
+
+
+def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--checkpoint-dir`` and ``--checkpoint-every``: one process and ``--workers`` alike."""
+    group = parser.add_argument_group("checkpoint and resume (one process or --workers)")
+    group.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="write a checkpoint here at every epoch's end and resume from the one it holds "
+        "(with --workers: a directory every worker sees; not with --mode all_in_cos)",
+    )
+    group.add_argument(
+        "--checkpoint-every",
+        type=int,
+        metavar="N",
+        help="also write a checkpoint every N training iterations (with --workers: rounds); "
+        "needs --checkpoint-dir",
+    )
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the multi-worker options (everything but ``--workers``, which ``finetune`` owns)."""
+    """Add the multi-worker options (everything but ``--workers``, which ``finetune`` owns),
+    and the checkpoint options, which one process reads too."""
+    add_checkpoint_arguments(parser)
     group = parser.add_argument_group("multi-worker (--workers N > 1, under torchrun)")
     group.add_argument(
         "--aggregator",
@@ -93,18 +119,6 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch.distributed backend (auto: gloo on CPU, NCCL for GPU tensors)",
     )
     group.add_argument("--worker-log", help="keep torchrun's and the workers' output in this file")
-    group.add_argument(
-        "--checkpoint-dir",
-        metavar="DIR",
-        help="write a checkpoint here at every epoch's end and resume from the one it holds "
-        "(a directory every worker sees)",
-    )
-    group.add_argument(
-        "--checkpoint-every",
-        type=int,
-        metavar="N",
-        help="also write a checkpoint every N rounds (needs --checkpoint-dir)",
-    )
     group.add_argument(
         "--feature-cache-dir",
         metavar="DIR",

@@ -10,12 +10,14 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import hapi_models
@@ -32,6 +34,12 @@ from .planning import SplitDecision
 from .preflight import preflight as run_preflight
 from .preparation import PreparedModel, prepare_model
 from .progress import Progress, progress_bar
+from .recipe_checkpoint import (
+    EpochSums,
+    RecipeCheckpointer,
+    load_recipe_checkpoint,
+    recipe_fingerprint,
+)
 
 if TYPE_CHECKING:
     from .client import HapiClient
@@ -105,6 +113,8 @@ def run_finetune(
     max_iterations: int | None = None,
     verify_fraction: float = 0.0,
     preflight: bool = True,
+    checkpoint_dir: str | Path | None = None,
+    checkpoint_every: int | None = None,
 ) -> FinetuneResult:
     """The recipe: fine-tune ``model`` on ``container`` with a plain cross-entropy loop.
 
@@ -120,11 +130,21 @@ def run_finetune(
     so that a missing piece is one line naming what to run, before any training. Progress: a
     bar on a terminal, plain lines elsewhere; status lines go to the ``hapi_client.status``
     logger (:mod:`hapi_client.progress`).
+
+    ``checkpoint_dir`` (modes ``hapi`` and ``baseline``): write a checkpoint there at every
+    epoch's end and, with ``checkpoint_every``, every that many training iterations
+    (:mod:`hapi_client.recipe_checkpoint`); when it already holds one of this run, resume from
+    it, each sample still trained once per epoch (``result.extra["resumed_from"]`` says where),
+    and a finished run's returns its result without training. Another run's checkpoint, or a
+    damaged one, is a :class:`~hapi_client.TrainingCheckpointError`.
     """
     if mode not in MODES:
         raise ConfigurationError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    _check_checkpointing(mode, checkpoint_dir, checkpoint_every)
     train = train or TrainOptions()
     extract = extract or ExtractOptions()
+    # Before any work: a damaged checkpoint fails at once.
+    resume = load_recipe_checkpoint(checkpoint_dir) if checkpoint_dir else None
     if preflight:
         run_preflight(client, model=model, containers=[container, eval_container], mode=mode)
     prepared = prepare_model(
@@ -161,18 +181,58 @@ def run_finetune(
     opt = train.optimizer_config().build(local.trainable_parameters())
     history: list[EpochMetrics] = []
     torch.manual_seed(train.seed)
-    for epoch in range(train.epochs):
-        dataset.set_epoch(epoch)
+    saver: RecipeCheckpointer | None = None
+    extra: dict[str, Any] = {}
+    pending = EpochSums()  # the sums of a resumed epoch's part before the restart
+    first_epoch = 0
+    if checkpoint_dir is not None:
+        fingerprint = recipe_fingerprint(
+            prepared, container, mode=mode, train=train, extract=extract
+        )
+        saver = RecipeCheckpointer(
+            Path(checkpoint_dir), checkpoint_every, fingerprint, dataset, local, opt
+        )
+        if resume is not None:
+            pending = saver.restore(resume)
+            history = [EpochMetrics(**m) for m in resume.history]
+            first_epoch = resume.epoch
+            extra["resumed_from"] = {
+                "epoch": resume.epoch,
+                "batches_done": resume.batches_done,
+                "iteration": resume.iteration,
+            }
+            status.info(
+                "resuming from the checkpoint in %s: epoch %d, %d batches into it",
+                checkpoint_dir,
+                resume.epoch + 1,
+                resume.batches_done,
+            )
+    for epoch in range(first_epoch, train.epochs):
+        dataset.set_epoch(epoch)  # a resumed epoch goes on where its checkpoint stands
+        sums, pending = pending, EpochSums()
         start = time.perf_counter()
         local.train()
         bar = progress_bar(
             len(dataset), f"{mode} epoch {epoch + 1}/{train.epochs}", enabled=progress
         )
+        bar.update(sums.iterations)
         arrivals: list[float] = []
-        batches = _with_progress(dataset, bar, start, max_iterations, arrivals)
-        stats = hapi_models.train_batches(local, batches, opt, device)
+        limit = len(dataset) if max_iterations is None else min(len(dataset), max_iterations)
+        batches = _with_progress(dataset, bar, start, limit - sums.iterations, arrivals)
+        for x, y in batches:
+            loss_sum, correct = hapi_models.train_step(local, x, y, opt, device)
+            sums.loss_sum += loss_sum
+            sums.correct += correct
+            sums.samples += len(y)
+            sums.iterations += 1
+            if saver is not None:
+                saver.after_iteration(
+                    epoch,
+                    functools.partial(_so_far, sums, dataset, start, arrivals),
+                    last=sums.iterations >= limit,
+                )
         bar.close()
-        seconds = time.perf_counter() - start
+        seconds = sums.seconds + time.perf_counter() - start
         counters = dataset.last_counters
         eval_acc = None
         if eval_container is not None:
@@ -193,31 +253,38 @@ def run_finetune(
                 )
             eval_acc = _evaluate(local, held_out, device)
         bw = client.bandwidth.bytes_per_s
+        # Sums of a resumed epoch: the part before the restart plus this attempt's counters.
+        wire_bytes = counters.wire_bytes + sums.wire_bytes
+        first_batch_s = sums.first_batch_s
+        if first_batch_s is None and arrivals:
+            first_batch_s = arrivals[0] - start
         history.append(
             EpochMetrics(
                 epoch=epoch + 1,
                 mode=mode,
                 split_index=dataset.split_index,
-                loss=stats.loss,
-                train_accuracy=stats.accuracy,
+                loss=sums.loss_sum / sums.samples if sums.samples else float("nan"),
+                train_accuracy=sums.correct / sums.samples if sums.samples else float("nan"),
                 eval_accuracy=eval_acc,
                 seconds=seconds,
-                samples=counters.samples,
-                iterations=counters.iterations,
-                bytes_received=counters.wire_bytes,
-                bytes_per_iteration=counters.wire_bytes / max(1, counters.iterations),
-                requests=counters.requests,
+                samples=sums.samples,
+                iterations=sums.iterations,
+                bytes_received=wire_bytes,
+                bytes_per_iteration=wire_bytes / max(1, sums.iterations),
+                requests=counters.requests + sums.requests,
                 bandwidth_mbit_s=bw * 8e-6 if bw else None,
-                samples_per_s=counters.samples / seconds,
-                first_batch_s=arrivals[0] - start if arrivals else None,
-                last_batch_s=arrivals[-1] - start if arrivals else None,
-                verified_samples=counters.verified_samples,
+                samples_per_s=sums.samples / seconds,
+                first_batch_s=first_batch_s,
+                last_batch_s=sums.seconds + arrivals[-1] - start if arrivals else None,
+                verified_samples=counters.verified_samples + sums.verified_samples,
             )
         )
         log.info("epoch %d: %s", epoch + 1, history[-1])
+        if saver is not None:
+            saver.epoch_end(epoch, [asdict(m) for m in history])
     net = local.full_model()
     net.eval()
-    extra: dict[str, Any] = {"cache_hits": dataset.cache.hits if dataset.cache else 0}
+    extra["cache_hits"] = dataset.cache.hits if dataset.cache else 0
     if dataset.verifier is not None:
         extra["verified_shards"] = dataset.verifier.checked_shards
         extra["verified_samples"] = dataset.verifier.checked_samples
@@ -245,6 +312,45 @@ def run_finetune(
         prepared.profile_seconds,
         split_seconds,
         extra,
+    )
+
+
+def _check_checkpointing(
+    mode: str, checkpoint_dir: str | Path | None, checkpoint_every: int | None
+) -> None:
+    if checkpoint_every is not None and (
+        isinstance(checkpoint_every, bool)
+        or not isinstance(checkpoint_every, int)
+        or checkpoint_every < 1
+    ):
+        raise ConfigurationError(
+            f"checkpoint_every must be >= 1 iteration, got {checkpoint_every!r}"
+        )
+    if checkpoint_every is not None and checkpoint_dir is None:
+        raise ConfigurationError("checkpoint_every needs checkpoint_dir")
+    if checkpoint_dir is not None and mode == "all_in_cos":
+        raise ConfigurationError(
+            "checkpoint_dir works in modes hapi and baseline; in all_in_cos the server trains"
+        )
+
+
+def _so_far(
+    sums: EpochSums, dataset: FeatureDataset, start: float, arrivals: list[float]
+) -> EpochSums:
+    """The epoch's sums for a mid-epoch checkpoint: ``sums`` (its part before any restart, plus
+    this attempt's training) with this attempt's transfer counters and seconds added."""
+    counters = dataset.last_counters
+    return dataclasses.replace(
+        sums,
+        wire_bytes=sums.wire_bytes + counters.wire_bytes,
+        requests=sums.requests + counters.requests,
+        verified_samples=sums.verified_samples + counters.verified_samples,
+        seconds=sums.seconds + time.perf_counter() - start,
+        first_batch_s=(
+            sums.first_batch_s
+            if sums.first_batch_s is not None or not arrivals
+            else arrivals[0] - start
+        ),
     )
 
 

@@ -31,6 +31,7 @@ from .finetune import (
     prepare_for_finetuning,
     set_modes,
     train_batches,
+    train_step,
 )
 from .graph_split import GraphLayers, split_graph
 from .profiling import LayerProfile, ModelProfile, profile
@@ -57,6 +58,7 @@ __all__ = [
     "prepare_for_finetuning",
     "set_modes",
     "train_batches",
+    "train_step",
     "GraphLayers",
     "HapiModelError",
     "ImageDecodeError",

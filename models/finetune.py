@@ -65,6 +65,29 @@ class EpochStats:
     samples: int
 
 
+def train_step(
+    module: nn.Module,
+    inputs: torch.Tensor,
+    labels: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    device: torch.device | str = "cpu",
+    loss_fn: nn.Module | None = None,
+) -> tuple[float, int]:
+    """One batch: cross-entropy, backward, step; returns (loss x samples, correct predictions).
+
+    :func:`train_batches` is this in a loop; a caller that must stop and resume mid-epoch (the
+    client's checkpointed recipe) runs it batch by batch and keeps the sums itself.
+    """
+    inputs = inputs.to(device, dtype=torch.float32)
+    labels = labels.to(device)
+    optimizer.zero_grad(set_to_none=True)
+    logits = module(inputs)
+    loss = (loss_fn or nn.CrossEntropyLoss())(logits, labels)
+    loss.backward()
+    optimizer.step()
+    return float(loss.detach()) * len(labels), int((logits.detach().argmax(1) == labels).sum())
+
+
 def train_batches(
     module: nn.Module,
     batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
@@ -77,15 +100,9 @@ def train_batches(
     correct = 0
     seen = 0
     for inputs, labels in batches:
-        inputs = inputs.to(device, dtype=torch.float32)
-        labels = labels.to(device)
-        optimizer.zero_grad(set_to_none=True)
-        logits = module(inputs)
-        loss = loss_fn(logits, labels)
-        loss.backward()
-        optimizer.step()
-        total_loss += float(loss.detach()) * len(labels)
-        correct += int((logits.detach().argmax(1) == labels).sum())
+        loss_sum, right = train_step(module, inputs, labels, optimizer, device, loss_fn)
+        total_loss += loss_sum
+        correct += right
         seen += len(labels)
     if seen == 0:
         return EpochStats(float("nan"), float("nan"), 0)

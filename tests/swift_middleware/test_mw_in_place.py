@@ -3,7 +3,8 @@
 A request goes to the shard's own URL: a folder dataset's part (beside its manifest) or a
 WebDataset tar (in the data container). The filter authorises that object as the caller; the
 images of a part are then read as the caller too (by the HAPI server, or by GET subrequests in
-the proxy), so Swift's ACLs decide for each of them.
+the proxy), so Swift's ACLs decide for each of them. A client fine-tunes on a folder dataset
+through the filter (``via="swift"``) as through the server.
 """
 
 from __future__ import annotations
@@ -13,11 +14,16 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import hapi_models
 import pytest
 import torch
 from swiftclient.client import Connection
 
+from hapi_client import FeatureDataset, HapiClient, OptimizerConfig, StoredModel, SwiftCredentials
+from hapi_client.options import ExtractOptions, TrainOptions
+from hapi_contract import OutputDtype
 from hapi_stack import RunningStack
+from tests.hapi_server.conftest import ServerProcess
 from tests.in_place_data import InPlace, put_folder_dataset, webdataset_tar
 from tests.swift_middleware.mw_support import (
     MW_MODELS,
@@ -58,6 +64,20 @@ def proxy(
     return decoupled_proxy if request.param == "decoupled" else in_proxy_proxy
 
 
+def _client(swift_stack: RunningStack, mw_server: ServerProcess, proxy: ProxyProcess) -> HapiClient:
+    """A client whose storage URL is ``proxy``'s: its requests go through the filter."""
+    auth_url = swift_stack.auth_url.replace(swift_stack.proxy_url, proxy.url)
+    creds = SwiftCredentials(auth_url, swift_stack.admin_user, swift_stack.admin_key)
+    return HapiClient(mw_server.url, creds, via="swift")
+
+
+def _resnet18(swift_conn: Connection, mw_data: MwData) -> StoredModel:
+    """The filter tests' resnet18 weights (3 classes) as a stored model, without a descriptor."""
+    obj, sha = mw_data.weights["resnet18"]
+    size = int(swift_conn.head_object(MW_MODELS, obj)["content-length"])
+    return StoredModel("resnet18", 3, MW_MODELS, obj, sha, size)
+
+
 def _body(mw_data: MwData, folder: InPlace, **extra: Any) -> dict[str, Any]:
     body = mw_data.body("resnet18", 4, output_dtype="float32", b_max=4)
     body.update(layout="folder", data_container=folder.data, **extra)
@@ -65,7 +85,7 @@ def _body(mw_data: MwData, folder: InPlace, **extra: Any) -> dict[str, Any]:
 
 
 # Requests may run at other COS batch sizes: float32 sums in another order.
-CLOSE = {"rtol": 1e-4, "atol": 1e-5}
+CLOSE: dict[str, Any] = {"rtol": 1e-4, "atol": 1e-5}
 
 
 def test_folder_parts_give_the_uploaded_shards_features(
@@ -167,3 +187,65 @@ def test_a_second_user_reads_the_images_only_with_a_read_acl(
         assert got.labels() == mw_data.labels[:3]
     finally:
         swift_conn.post_container(MW_MODELS, {"X-Container-Read": ""})
+
+
+#: The transform of the filter tests' requests (64-pixel images, ImageNet's statistics).
+SIDE_64 = hapi_models.InputTransform(
+    resize=64, crop=64, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)
+)
+
+
+def test_a_client_fine_tunes_on_a_folder_dataset_through_the_filter(
+    proxy: ProxyProcess,
+    mw_data: MwData,
+    folder: InPlace,
+    swift_stack: RunningStack,
+    swift_conn: Connection,
+    mw_server: ServerProcess,
+) -> None:
+    stored = _resnet18(swift_conn, mw_data)
+    whole = extract(
+        shard_url(proxy), mw_data.body("resnet18", 4, output_dtype="float32"), mw_data.headers()
+    )
+    assert whole.status == 200, whole.body
+    with _client(swift_stack, mw_server, proxy) as client:
+        # One epoch of the dataset a training loop iterates: every sample exactly once, each
+        # one's features those of the uploaded shard's image (a bijection, not a count).
+        ds = FeatureDataset(
+            client,
+            folder.index,
+            stored,
+            batch_size=4,
+            split=4,
+            transform=SIDE_64,
+            output_dtype="float32",
+            cache_features=False,
+            seed=2,
+        )
+        rows, labels = [], []
+        for x, y in ds:
+            rows.append(x.flatten(1))
+            labels += y.tolist()
+        assert ds.last_counters.samples == len(mw_data.labels)
+        assert ds.last_counters.requests == len(folder.parts)  # one per part, none repeated
+        got, expected = torch.cat(rows), whole.features().flatten(1)
+        distance = torch.cdist(got.double(), expected.double())
+        matched = distance.argmin(dim=1).tolist()
+        assert sorted(matched) == list(range(len(mw_data.labels)))
+        assert labels == [mw_data.labels[i] for i in matched]
+        torch.testing.assert_close(got, expected[matched], **CLOSE)
+
+        # The recipe on it: one epoch of HAPI at the same split.
+        result = client.finetune(
+            model=stored,
+            container=folder.index,
+            train=TrainOptions.with_optimizer(
+                OptimizerConfig("sgd", lr=0.05), batch_size=4, epochs=1, seed=2
+            ),
+            extract=ExtractOptions(split=4, output_dtype=OutputDtype.FLOAT32),
+            transform=SIDE_64,
+            progress=False,
+        )
+    (epoch,) = result.history
+    assert (epoch.samples, epoch.split_index, epoch.iterations) == (len(mw_data.labels), 4, 3)
+    assert all(torch.isfinite(p).all() for p in result.model.parameters())

@@ -178,13 +178,22 @@ class FeatureDataset(IterableDataset[Batch]):
         super().__init__()
         if mode not in ("hapi", "baseline"):
             raise ConfigurationError(f"mode must be 'hapi' or 'baseline', got {mode!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigurationError(f"batch_size must be a positive integer, got {batch_size!r}")
-        try:
-            self.output_dtype = OutputDtype(output_dtype)
-            self.compression = Compression(compression)
-        except ValueError as exc:
-            raise ConfigurationError(str(exc)) from exc
+        # The keywords a user's own loop passes are checked by the option objects every other
+        # way of training builds, so each rule is written once.
+        TrainOptions(batch_size=batch_size, seed=seed)
+        self.extract = ExtractOptions(
+            split=split,
+            freeze_index=freeze_index,
+            image_size=image_size,
+            # Strings are accepted there and stored as the enums.
+            output_dtype=output_dtype,  # type: ignore[arg-type]
+            compression=compression,  # type: ignore[arg-type]
+            b_max=b_max,
+            cache_features=cache_features,
+            prefetch=prefetch,
+        )
+        self.output_dtype = self.extract.output_dtype
+        self.compression = self.extract.compression
         self.client = client
         self.container = container
         self.batch_size = batch_size

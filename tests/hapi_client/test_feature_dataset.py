@@ -171,3 +171,24 @@ def client_env_server_client(client_env: ClientEnv) -> Iterator[HapiClient]:
     """A client of its own: the verification test replaces its transport's extract."""
     with client_env.client() as c:
         yield c
+
+
+@pytest.mark.parametrize(
+    ("keywords", "field"),
+    [
+        ({"batch_size": 0}, "batch_size"),
+        ({"split": "fastest"}, "split"),
+        ({"image_size": -1}, "image_size"),
+        ({"output_dtype": "int8"}, "int8"),
+        ({"compression": "gzip"}, "gzip"),
+        ({"prefetch": 0}, "prefetch"),
+    ],
+)
+def test_keywords_are_checked_by_the_option_objects_before_any_request(
+    keywords: dict[str, object], field: str
+) -> None:
+    """The user's keywords go through TrainOptions and ExtractOptions: the same refusal as
+    ``hapi finetune`` and the multi-worker trainer give, before the client is used at all."""
+    args: dict[str, object] = {"batch_size": 8, **keywords}
+    with pytest.raises(ConfigurationError, match=field):
+        FeatureDataset(None, "c", "models/alexnet", preflight=False, **args)  # type: ignore[arg-type]

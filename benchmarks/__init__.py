@@ -28,7 +28,8 @@ if TYPE_CHECKING:
         ensure_photos_and_models,
         photos_spec,
     )
-    from .demo import DemoConfig, demo_job, format_demo_table
+    from .demo import demo_job, format_demo_table
+    from .demo_config import DemoConfig
     from .errors import AgentError, BenchError, ScenarioError, ShapingError
     from .instrument import ClientProbe, ExtractRecord, LowerBound, Sample, Sampler, lower_bound
     from .machine import CoreSplit, machine_info, pin_process, split_cores
@@ -73,7 +74,7 @@ _LAZY: dict[str, str] = {
     "CoreSplit": "machine",
     "DEFAULT_OUT": "results",
     "DatasetReady": "data",
-    "DemoConfig": "demo",
+    "DemoConfig": "demo_config",
     "ExtractRecord": "instrument",
     "Link": "shaping",
     "LinkCheck": "shaping",

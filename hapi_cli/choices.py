@@ -1,16 +1,21 @@
-"""The names and defaults the ``hapi`` parsers show, held here so that parsing needs no torch.
+"""The names and defaults the ``hapi`` parsers show, read without torch.
 
-``hapi --help``, ``hapi CMD --help`` and usage errors build every parser, and the libraries these
-values come from import torch when loaded (``hapi_models``, ``hapi_client``'s training modules,
-``hapi_bench.demo``): that costs seconds and hundreds of MiB for a help text. So the parsers read
-the copies below and the command handlers import the libraries.
-``tests/hapi_cli/test_cli_choices.py`` checks every copy against its source. What can be read
-without torch is not copied: rule and attack names come from ``hapi_client.robust.names``, the
-retry budget from ``hapi_client.retry``.
+``hapi --help``, ``hapi CMD --help`` and usage errors build every parser, and most of the
+libraries these values come from import torch when loaded: that costs seconds and hundreds of
+MiB for a help text. So the values live in torch-free modules the parsers import
+(``hapi_client.defaults``, ``hapi_bench.demo_config``, ``hapi_client.retry``; rule and attack
+names in ``hapi_client.robust.names``), and the command handlers import the libraries. One copy
+is left: the dataset sources' help, whose package loads its image decoders on import;
+``tests/hapi_cli/test_cli_choices.py`` checks it against its source.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
+from hapi_bench.demo_config import DemoConfig
+
+from hapi_client.defaults import DEFAULT_AUTH_URL, DEFAULT_ENDPOINT, MODES
 from hapi_client.retry import DEFAULT_RETRY_BUDGET_S
 
 __all__ = [
@@ -22,24 +27,12 @@ __all__ = [
     "SOURCE_SPEC_HELP",
 ]
 
-#: ``hapi_client.MODES``: the fine-tuning modes.
-MODES: tuple[str, ...] = ("hapi", "baseline", "all_in_cos")
-
-#: ``hapi_client.DEFAULT_ENDPOINT``: where the HAPI server listens by default.
-DEFAULT_ENDPOINT = "http://127.0.0.1:8090"
-
-#: ``hapi_client.DEFAULT_AUTH_URL``: the local Swift's tempauth URL.
-DEFAULT_AUTH_URL = "http://127.0.0.1:8080/auth/v1.0"
-
-
-#: The ``hapi demo`` options' defaults: fields of ``hapi_bench.DemoConfig()``.
+#: The ``hapi demo`` options' defaults.
 DEMO_DEFAULTS: dict[str, float | int | None] = {
-    "rate_mbit": None,
-    "train_per_class": 30,
-    "test_per_class": 10,
-    "batch_size": 50,
-    "epochs": 1,
-    "freeze_index": 13,
+    name: value
+    for name, value in dataclasses.asdict(DemoConfig()).items()
+    if name
+    in ("rate_mbit", "train_per_class", "test_per_class", "batch_size", "epochs", "freeze_index")
 }
 
 #: ``hapi_client.datasets.SOURCE_SPEC_HELP``: the epilog of ``hapi upload dataset --help``.

@@ -15,7 +15,8 @@ if TYPE_CHECKING:
     from hapi_models import OptimizerConfig
 
     from .bandwidth import BandwidthEstimator
-    from .client import DEFAULT_ENDPOINT, HapiClient
+    from .client import HapiClient
+    from .defaults import DEFAULT_AUTH_URL, DEFAULT_ENDPOINT, MODES
     from .errors import (
         ConfigurationError,
         DeliveryError,
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from .feature_cache import FeatureCache
     from .feature_dataset import FeatureDataset, LocalModel
     from .feature_store import DiskFeatureCache
-    from .finetune import MODES, EpochMetrics, FinetuneResult, run_finetune
+    from .finetune import EpochMetrics, FinetuneResult, run_finetune
     from .model_store import (
         StoredModel,
         download_model,
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     from .planning import SplitDecision, choose_split_index, plan_split
     from .preparation import PreparedModel, prepare_model
     from .retry import DEFAULT_RETRY_BUDGET_S
-    from .swift_session import DEFAULT_AUTH_URL, SwiftCredentials, SwiftSession
+    from .swift_session import SwiftCredentials, SwiftSession
     from .throttle import TokenBucket
     from .transport import HapiTransport, RetryPolicy, ShardFeatures
 

@@ -15,6 +15,7 @@ from hapi_contract import DatasetManifest
 
 from .bandwidth import BandwidthEstimator
 from .datasets import DatasetError, load_manifest
+from .defaults import DEFAULT_ENDPOINT
 from .errors import ConfigurationError, SwiftAccessError
 from .progress import quiet_http_warnings
 from .retry import RetryPolicy
@@ -24,8 +25,6 @@ from .transport import HapiTransport
 
 if TYPE_CHECKING:
     from .finetune import run_finetune
-
-DEFAULT_ENDPOINT = "http://127.0.0.1:8090"
 
 
 class HapiClient:

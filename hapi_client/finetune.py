@@ -18,13 +18,14 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import hapi_models
 import torch
 
 from hapi_contract import FinetuneRequest, OptimizerSpec, ShardSource, TransformSpec
 
+from .defaults import MODES, Mode
 from .errors import ConfigurationError
 from .feature_dataset import FeatureDataset, LocalModel
 from .metrics import EpochSummary
@@ -46,9 +47,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 status = logging.getLogger("hapi_client.status")
-
-Mode = Literal["hapi", "baseline", "all_in_cos"]
-MODES: tuple[str, ...] = ("hapi", "baseline", "all_in_cos")
 
 
 @dataclass(kw_only=True)

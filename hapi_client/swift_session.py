@@ -19,6 +19,7 @@ import urllib3
 from swiftclient.client import ClientException, Connection
 
 from .bandwidth import BandwidthEstimator
+from .defaults import DEFAULT_AUTH_URL
 from .errors import SwiftAccessError, SwiftUnavailableError
 from .retry import Outage, RetryClock, RetryPolicy, failure_kind
 from .throttle import TokenBucket
@@ -28,8 +29,6 @@ status = logging.getLogger("hapi_client.status")
 
 #: Longest a bandwidth probe reads (it stops earlier at its byte count).
 PROBE_SECONDS = 2.0
-
-DEFAULT_AUTH_URL = "http://127.0.0.1:8080/auth/v1.0"
 
 _T = TypeVar("_T")
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from hapi_client import (
     ConfigurationError,
@@ -125,6 +126,26 @@ def test_state_dict_resumes_mid_epoch_with_nothing_lost_or_repeated(
     other = _dataset(client_env, client, container=client_env.test)
     with pytest.raises(ConfigurationError, match="another run"):
         other.load_state_dict(state)
+
+
+def test_a_stateful_dataloader_resumes_mid_epoch_with_nothing_lost_or_repeated(
+    client_env: ClientEnv, client: HapiClient
+) -> None:
+    """torchdata's StatefulDataLoader, as the README recommends: its state holds the dataset's."""
+    whole = _signature(DataLoader(_dataset(client_env, client), batch_size=None))
+    loader = StatefulDataLoader(_dataset(client_env, client), batch_size=None)
+    head = []
+    for batch in loader:
+        head.append(batch)
+        if len(head) == 3:
+            break
+    state = loader.state_dict()
+    resumed = StatefulDataLoader(_dataset(client_env, client), batch_size=None)
+    resumed.load_state_dict(state)
+    got = _signature(head) + _signature(resumed)
+    assert [y for y, _ in got] == [y for y, _ in whole]
+    for (_, a), (_, b) in zip(got, whole, strict=True):
+        assert a == pytest.approx(b, rel=1e-5)
 
 
 def test_two_ranks_on_uneven_shards_get_equal_batch_counts(

@@ -6,11 +6,17 @@ and the activation estimate drives the server's batch adaptation (the thesis' M_
 
 from __future__ import annotations
 
+import functools
 import time
+import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 from torch.utils.hooks import RemovableHandle
 
 from .splittable import SplittableModel
@@ -24,8 +30,10 @@ class LayerProfile:
     output_bytes_per_sample: int
     """Bytes of one sample's output at float32: what a split after this layer ships."""
     activation_bytes_per_sample: int
-    """Peak bytes one sample needs while this layer runs: its input, plus the largest
-    input+output pair among its inner modules (at least its own output)."""
+    """Peak bytes one sample needs while this layer runs: the most tensor storage alive at once
+    during its forward pass (its input included), every aten op counted, functional ones
+    (matmuls, attention, residual adds, copying reshapes) too; at least its input plus the
+    largest input+output pair among its inner modules and its own output."""
     weight_bytes: int
 
 
@@ -68,6 +76,62 @@ def _param_bytes(module: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters()) + sum(
         b.numel() * b.element_size() for b in module.buffers()
     )
+
+
+class _LiveStorage(TorchDispatchMode):
+    """Bytes of tensor storage alive, and their peak, across the aten ops run under it.
+
+    Every op's output storages are counted once (a view or an in-place result shares its
+    input's storage) and uncounted when the storage is freed: PyTorch keeps one Python object
+    per storage for as long as any tensor uses it, so a weak reference to it dies exactly when
+    the last tensor does. Meta tensors have real storage sizes, so this works without data.
+
+    Written here because torch's own tracker, ``torch.distributed._tools.mem_tracker.MemTracker``,
+    is made for training: it registers gradient hooks on every parameter (refused under
+    ``inference_mode``), files parameters met inside modules under another category mid-pass,
+    and keeps one global peak where each layer needs its own.
+    """
+
+    def __init__(self, ignore: Iterable[torch.Tensor] = ()) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        # Parameters and buffers are weights, not activations: their views (a linear's
+        # transposed weight) must not count as new storage.
+        self._ignored = {t.untyped_storage()._cdata for t in ignore}
+        self._tracked: dict[int, tuple[int, weakref.ref[torch.UntypedStorage]]] = {}
+
+    def reset_peak(self) -> None:
+        self.peak = self.live
+
+    def track(self, value: object) -> None:
+        for t in tree_flatten(value)[0]:
+            if not isinstance(t, torch.Tensor):
+                continue
+            st = t.untyped_storage()
+            key = st._cdata
+            if key in self._ignored or key in self._tracked:
+                continue
+            nbytes = st.nbytes()
+            self._tracked[key] = (nbytes, weakref.ref(st, functools.partial(self._free, key)))
+            self.live += nbytes
+        self.peak = max(self.peak, self.live)
+
+    def _free(self, key: int, _ref: object = None) -> None:
+        entry = self._tracked.pop(key, None)
+        if entry is not None:
+            self.live -= entry[0]
+
+    def __torch_dispatch__(  # type: ignore[override]
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        self.track(out)
+        return out
 
 
 @torch.inference_mode()
@@ -117,18 +181,29 @@ def profile(
     model.eval()
     start = time.perf_counter()
     layers: list[LayerProfile] = []
+    weights = list(swapped.values()) if on_meta else [*model.parameters(), *model.buffers()]
+    live = _LiveStorage(ignore=weights)
+    live.track(x)
     try:
         for i, (name, layer) in enumerate(zip(model.layer_names, model.layers, strict=True)):
             current[0] = i
             in_bytes = _nbytes(x)
-            if on_meta:
-                prefix = f"layers.{i}."
-                local = {k[len(prefix) :]: v for k, v in swapped.items() if k.startswith(prefix)}
-                x = torch.func.functional_call(layer, local, (x,))
-            else:
-                x = layer(x)
+            # The input is alive (held here as the engine holds it) throughout the layer.
+            live.reset_peak()
+            with live:
+                if on_meta:
+                    prefix = f"layers.{i}."
+                    local = {
+                        k[len(prefix) :]: v for k, v in swapped.items() if k.startswith(prefix)
+                    }
+                    x = torch.func.functional_call(layer, local, (x,))
+                else:
+                    x = layer(x)
+            live.track(x)  # a layer that returns its input untouched runs no op
             out_bytes = _nbytes(x)
-            activation = in_bytes + max(out_bytes, inner_peak.get(i, 0))
+            # The leaf modules' figure stays a floor: it counts the input twice where a leaf
+            # reads it, which the estimator's CPU calibration (tests/hapi_core) was made on.
+            activation = max(in_bytes + max(out_bytes, inner_peak.get(i, 0)), live.peak)
             layers.append(
                 LayerProfile(
                     name=name,

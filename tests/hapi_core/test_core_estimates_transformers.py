@@ -64,9 +64,10 @@ def test_a_transformer_heads_peak_is_measured_and_the_estimate_follows_it(
 
 @pytest.mark.xfail(
     strict=False,  # a process whose heap already grew reads less (seen 1.0x after other heads)
-    reason="the profile counts a layer's input plus its largest inner input+output pair; a "
-    "transformer block keeps more alive at once (residual stream, norm, qkv, attention, MLP): "
-    "measured 1.4x to 2.0x the profile for ViT-Ti/16 past its first block, in a fresh process",
+    reason="not the activations: the profile counts every tensor alive during each layer and "
+    "matches the head's steady peak measured per layer on the CPU (batch 32, tensors mmapped) "
+    "within 0.5 %; the probe's reading adds the process's one-time first-batch allocations (a "
+    "cold request read 1.5x-1.6x the estimate) and malloc's overhead (a second request 1.085x)",
 )
 def test_the_profile_alone_covers_a_transformer_heads_peak(measured: float) -> None:
     base = MemoryEstimator().estimate(ARCH, 10, SHAPE, SPLIT, "cpu").bytes_per_sample

@@ -54,9 +54,16 @@ _TENSORS_GLOB = "state-*.safetensors"
 T = TypeVar("T")
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """``path`` holds ``data`` or what it held before, never a part: temp file, fsync, rename."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def atomic_write(
+    path: Path, data: bytes, *, prefix: str | None = None, suffix: str = ".tmp"
+) -> None:
+    """``path`` holds ``data`` or what it held before, never a part: temp file, fsync, rename.
+
+    The temporary file is ``prefix`` (default ``.NAME.``) + random + ``suffix`` in ``path``'s
+    directory, so a store that sweeps leftovers of a crash can recognise them by name.
+    """
+    prefix = f".{path.name}." if prefix is None else prefix
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data)

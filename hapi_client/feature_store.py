@@ -25,7 +25,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from filelock import FileLock, Timeout
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as save_tensors
 
+from .checkpoint_store import atomic_write
 from .errors import ConfigurationError
 from .feature_cache import CachedFeatures, CacheKey, FeatureCache
 
@@ -179,16 +179,7 @@ class DiskFeatureCache(FeatureCache):
         )
         if len(data) > self.disk_max_bytes:
             return
-        fd, tmp = tempfile.mkstemp(prefix=_TMP, suffix=_SUFFIX, dir=self.directory)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write(path, data, prefix=_TMP, suffix=_SUFFIX)
 
     def _files(self, *, temporary: bool = False) -> list[tuple[float, int, Path]]:
         out = []

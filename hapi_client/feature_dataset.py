@@ -500,6 +500,7 @@ class FeatureDataset(IterableDataset[Batch]):
             costs=self._costs,
             current=current,
             rank=self.rank,
+            world_size=self.world_size,
             collective=self._collective and self.world_size > 1,
         )
         # Measured once per run; a re-plan at an epoch boundary reuses them.

@@ -109,6 +109,7 @@ def plan_split(
     costs: PipelineCosts | None = None,
     current: SplitDecision | None = None,
     rank: int = 0,
+    world_size: int = 1,
     collective: bool = False,
 ) -> SplitPlan:
     """Plan the split of one run on ``container``: measure, find a bandwidth, decide, agree.
@@ -124,7 +125,9 @@ def plan_split(
        bandwidth: it measures one. (The multi-worker trainer used to probe only for
        ``"thesis"`` and refused ``"auto"`` when the costs' read was too short to time; the
        dataset's fallback, kept here, never needs that refusal.)
-    3. **Decision** (:func:`decide_split`). With ``current`` (an epoch boundary), the current
+    3. **Decision** (:func:`decide_split`), for an epoch of the manifest's samples over
+       ``batch_size`` x ``world_size`` iterations (``world_size`` ranks each taking batches of
+       ``batch_size``; 1 where ``batch_size`` is already a round's, as in the robust trainer). With ``current`` (an epoch boundary), the current
        decision stays unless the bandwidth estimate drifted more than 25 % from the one it was
        made on.
     4. **Agreement** with ``collective`` (``torch.distributed`` is initialised): rank 0 runs
@@ -166,9 +169,16 @@ def plan_split(
                 first = ShardSource.of(manifest, container, 0)
                 probed = client.swift.probe(first.container, first.shard)
                 bandwidth = client.bandwidth.bytes_per_s or probed
-        world = torch.distributed.get_world_size() if collective else 1
         decision = decide_split(
-            prof, manifest, batch_size, bandwidth, freeze, output_dtype, choice, measured, world
+            prof,
+            manifest,
+            batch_size,
+            bandwidth,
+            freeze,
+            output_dtype,
+            choice,
+            measured,
+            world_size,
         )
         if current is not None and decision.split_index != current.split_index:
             log.info(

@@ -33,7 +33,7 @@ from hapi_client.distributed import (
     delivered,
     read_sample_log,
 )
-from hapi_client.distributed.checkpoint import CHECKPOINT_FILE
+from tests.hapi_client.distributed.torchrun_jobs import checkpoint_round
 
 from .cluster import NodeProcess, SimulatedCluster
 from .conftest import MODEL, SHARD_SIZE, TRAIN, TRAIN_SAMPLES
@@ -86,15 +86,6 @@ def _wait_for(what: str, check: Callable[[], Any], procs: list[NodeProcess]) -> 
             )
         time.sleep(0.05)
     pytest.fail(f"timed out waiting for {what}")
-
-
-def _checkpoint_round(directory: Path) -> int:
-    """The global round of the checkpoint in ``directory`` (0: none yet); the JSON is replaced
-    atomically, so it is always whole."""
-    try:
-        return int(json.loads((directory / CHECKPOINT_FILE).read_text())["global_round"])
-    except FileNotFoundError:
-        return 0
 
 
 def _start(
@@ -181,7 +172,7 @@ def test_a_node_killed_mid_epoch_and_restarted_resumes_from_the_checkpoint(
         samples = tmp_path / "samples"
         _wait_for(
             f"a checkpoint of round {KILL_AFTER}",
-            lambda: _checkpoint_round(tmp_path / "ckpt") >= KILL_AFTER,
+            lambda: checkpoint_round(tmp_path / "ckpt") >= KILL_AFTER,
             procs,
         )
         killed_at = _kill_node(node_b, samples)
@@ -216,7 +207,7 @@ def test_a_node_gone_for_good_the_job_finishes_on_fewer_ranks(
         samples = tmp_path / "samples"
         _wait_for(
             f"a checkpoint of round {KILL_AFTER}",
-            lambda: _checkpoint_round(tmp_path / "ckpt") >= KILL_AFTER,
+            lambda: checkpoint_round(tmp_path / "ckpt") >= KILL_AFTER,
             procs,
         )
         killed_at = _kill_node(node_b, samples)

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 import eventlet
 from eventlet import tpool
 from eventlet.event import Event
-from eventlet.greenthread import GreenThread
 from eventlet.queue import LightQueue
 from eventlet.semaphore import Semaphore
 from pydantic import ValidationError
@@ -138,7 +137,12 @@ class _ProxyHost:
         """Green threads, one GET subrequest each, at most ``effect.concurrency`` at once.
 
         The first refusal is raised as soon as it arrives (not after the reads before it in
-        order) and kills the others, whose subrequests close as they unwind; no more start.
+        order) and no more start. The reads already in flight are left to finish on their own,
+        their results dropped: killing a green thread inside Swift's pipeline raises
+        ``GreenletExit`` wherever it waits, and ``MemcacheRing`` gives a pooled connection back
+        only on ``Exception``, so a kill during a token or container-info lookup leaks that
+        connection for good; two leaks (the pool's default size) and every later lookup of the
+        proxy times out, which tempauth answers with a 401 to every caller.
         """
         objs = effect.objs
         arrived: LightQueue = LightQueue()
@@ -152,18 +156,15 @@ class _ProxyHost:
                 arrived.put((index, stored))
 
         results: dict[int, StoredObject] = {}
-        threads: list[GreenThread] = []
-        try:
-            while len(results) < len(objs):
-                while len(threads) < len(objs) and len(threads) - len(results) < effect.concurrency:
-                    threads.append(eventlet.spawn(one, len(threads)))
-                index, outcome = arrived.get()
-                if isinstance(outcome, Exception):
-                    raise outcome
-                results[index] = outcome
-        finally:
-            for thread in threads:
-                thread.kill()
+        started = 0
+        while len(results) < len(objs):
+            while started < len(objs) and started - len(results) < effect.concurrency:
+                eventlet.spawn_n(one, started)
+                started += 1
+            index, outcome = arrived.get()
+            if isinstance(outcome, Exception):
+                raise outcome
+            results[index] = outcome
         return [results[i] for i in range(len(objs))]
 
 

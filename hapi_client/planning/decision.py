@@ -32,3 +32,6 @@ class SplitDecision:
     ``"agreed"`` (a rank other than 0: rank 0's index, broadcast)."""
     predictions: tuple[StageTimes, ...] = field(default=(), repr=False)
     """The rule ``"time"``'s predicted stages of every split it considered."""
+    iterations: int | None = None
+    """The epoch's iterations the rule ``"time"`` ranked them over (``StageTimes.predicted_s``);
+    ``None``: over one steady-state iteration."""

@@ -101,6 +101,10 @@ class StageTimes:
         stages = (self.server_s, self.wire_s, self.client_s)
         return sum(stages) + (iterations - 1) * max(stages)
 
+    def predicted_s(self, iterations: int | None) -> float:
+        """What the rule ranks: an epoch of ``iterations``, or one steady-state iteration."""
+        return self.iteration_s if iterations is None else self.epoch_s(iterations)
+
     @property
     def limiter(self) -> str:
         stages = {"server": self.server_s, "wire": self.wire_s, "client": self.client_s}
@@ -170,7 +174,7 @@ def choose_split_by_time(
     )
 
     def predicted(t: StageTimes) -> float:
-        return t.iteration_s if iterations is None else t.epoch_s(iterations)
+        return t.predicted_s(iterations)
 
     fastest = min(predicted(t) for t in times)
     near = [t for t in times if predicted(t) <= fastest * TIE_TOLERANCE]
@@ -200,6 +204,7 @@ def choose_split_by_time(
         tuple(range(freeze_index + 1)),
         rule="time",
         predictions=tuple(times),
+        iterations=iterations,
     )
     log.info("split index %d: %s", decision.split_index, decision.reason)
     return decision

@@ -189,6 +189,46 @@ def test_a_second_user_reads_the_images_only_with_a_read_acl(
         swift_conn.post_container(MW_MODELS, {"X-Container-Read": ""})
 
 
+def test_refused_image_reads_leave_the_proxy_serving_every_caller(
+    proxy: ProxyProcess, mw_data: MwData, swift_stack: RunningStack, swift_conn: Connection
+) -> None:
+    """A part whose images may not be read is refused at its first image, while the other
+    reads are in flight (their container lookups in memcached among them). Those must be left
+    to finish: a read cut short inside Swift's pipeline kept its memcached connection, and once
+    the proxy's pool was gone every token check timed out, a 401 to every caller."""
+    conn = swift_stack.connection()
+    try:
+        many = put_folder_dataset(
+            conn,
+            _unique("refused-index"),
+            _unique("refused-images"),
+            mw_data.images,
+            mw_data.labels,
+            part_size=len(mw_data.images),
+        )
+    finally:
+        conn.close()
+    reader = swift_stack.other_user
+    url = shard_url(proxy, many.index, many.parts[0])
+    body = _body(mw_data, many)
+    swift_conn.post_container(many.index, {"X-Container-Read": reader})
+    swift_conn.post_container(MW_MODELS, {"X-Container-Read": reader})
+    try:
+        for round_ in range(6):
+            # A new ACL on the images drops their container's cached info: every round's reads
+            # look it up in memcached again, all at once.
+            swift_conn.post_container(many.data, {"X-Container-Meta-Round": str(round_)})
+            got = extract(url, body, mw_data.headers(mw_data.other_token))
+            assert got.status == 403, got.body
+        swift_conn.post_container(many.data, {"X-Container-Read": reader})
+        for token in (mw_data.other_token, mw_data.token):
+            got = extract(url, body, mw_data.headers(token))
+            assert got.status == 200, got.body
+            assert got.labels() == mw_data.labels
+    finally:
+        swift_conn.post_container(MW_MODELS, {"X-Container-Read": ""})
+
+
 #: The transform of the filter tests' requests (64-pixel images, ImageNet's statistics).
 SIDE_64 = hapi_models.InputTransform(
     resize=64, crop=64, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)

@@ -136,13 +136,15 @@ class _ProxyHost:
     def _get_many(self, effect: GetMany) -> list[StoredObject]:
         """Green threads, one GET subrequest each, at most ``effect.concurrency`` at once.
 
-        The first refusal is raised as soon as it arrives (not after the reads before it in
-        order) and no more start. The reads already in flight are left to finish on their own,
-        their results dropped: killing a green thread inside Swift's pipeline raises
-        ``GreenletExit`` wherever it waits, and ``MemcacheRing`` gives a pooled connection back
-        only on ``Exception``, so a kill during a token or container-info lookup leaks that
-        connection for good; two leaks (the pool's default size) and every later lookup of the
-        proxy times out, which tempauth answers with a 401 to every caller.
+        At the first refusal no more start, and the refusal is raised once the reads in flight
+        have finished (their results dropped), so nothing of the request runs after its answer.
+        They are not killed: a green thread killed inside Swift's pipeline gets ``GreenletExit``
+        wherever it waits, and ``MemcacheRing`` gives a pooled connection back only on
+        ``Exception``, so a kill during a token or container-info lookup leaks that connection
+        for good; two leaks (the pool's default size) and every later lookup of that proxy times
+        out, which tempauth answers with a 401 to every caller. Nor are they left running past
+        the answer: a lookup still in flight then could write a container's old ACL back into
+        memcached after the caller, refused, has changed it.
         """
         objs = effect.objs
         arrived: LightQueue = LightQueue()
@@ -156,15 +158,22 @@ class _ProxyHost:
                 arrived.put((index, stored))
 
         results: dict[int, StoredObject] = {}
-        started = 0
-        while len(results) < len(objs):
-            while started < len(objs) and started - len(results) < effect.concurrency:
+        refusal: Exception | None = None
+        started = finished = 0
+        while finished < started or (refusal is None and finished < len(objs)):
+            while (
+                refusal is None and started < len(objs) and started - finished < effect.concurrency
+            ):
                 eventlet.spawn_n(one, started)
                 started += 1
             index, outcome = arrived.get()
+            finished += 1
             if isinstance(outcome, Exception):
-                raise outcome
-            results[index] = outcome
+                refusal = refusal or outcome
+            else:
+                results[index] = outcome
+        if refusal is not None:
+            raise refusal
         return [results[i] for i in range(len(objs))]
 
 

@@ -220,6 +220,8 @@ def test_refused_image_reads_leave_the_proxy_serving_every_caller(
             swift_conn.post_container(many.data, {"X-Container-Meta-Round": str(round_)})
             got = extract(url, body, mw_data.headers(mw_data.other_token))
             assert got.status == 403, got.body
+        # Each refusal came once the reads in flight had finished, so a read ACL given now is
+        # what the next request's reads see (none of the refused ones writes the old one back).
         swift_conn.post_container(many.data, {"X-Container-Read": reader})
         for token in (mw_data.other_token, mw_data.token):
             got = extract(url, body, mw_data.headers(token))

@@ -129,10 +129,35 @@ def _torchvision_transform(name: str) -> InputTransform:
     )
 
 
+def _regnet_widths_on_the_cpu() -> None:
+    """Let torchvision's RegNets build on the meta device.
+
+    ``BlockParams.from_init_params`` turns its stage widths into Python ints through tensors
+    (``torch.pow``, ``tolist``), which the meta device cannot do, so every RegNet was built
+    and initialised on the CPU just to trace it: 14 s for RegNetY-128GF, 30 s of the 70 s that
+    listing every network took. The widths are pure numbers, so that one function runs on the
+    CPU whatever the default device; the weights are then made where the caller asked.
+    Wrapped once per process (torchvision has no hook for this).
+    """
+    from torchvision.models import regnet  # noqa: PLC0415
+
+    original = regnet.BlockParams.from_init_params
+    if getattr(original, "_hapi_on_cpu", False):
+        return
+
+    def from_init_params(*args: Any, **kwargs: Any) -> Any:
+        with torch.device("cpu"):
+            return original(*args, **kwargs)
+
+    from_init_params._hapi_on_cpu = True  # type: ignore[attr-defined]
+    regnet.BlockParams.from_init_params = staticmethod(from_init_params)  # type: ignore[method-assign,assignment]
+
+
 def register_torchvision() -> None:
     """Register every torchvision classification network the thesis' zoo does not cut by hand."""
     import torchvision.models  # noqa: PLC0415
 
+    _regnet_widths_on_the_cpu()
     for name in torchvision.models.list_models(module=torchvision.models):
         if is_registered(name):
             continue  # hand-cut (Table 5.2)

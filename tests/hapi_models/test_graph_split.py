@@ -162,3 +162,18 @@ def test_a_residual_block_is_never_cut_inside() -> None:
     assert cut.names == ("add", "mean", "fc")
     assert cut.sample_shapes == ((3, 8, 8), (3,), (2,))
     assert cut.classifier_index == 2
+
+
+def test_regnets_build_on_the_meta_device_once_listed() -> None:
+    """torchvision's RegNet builder computes its stage widths with tensors; once the registry
+    has listed torchvision, that runs on the CPU and the network itself on meta (listing every
+    network no longer initialises RegNetY-128GF's 645 million weights on the CPU)."""
+    from torchvision import models
+
+    hm.list_models()
+    with torch.device("meta"):
+        net = models.get_model("regnet_y_128gf", weights=None)
+    assert {p.device.type for p in net.parameters()} == {"meta"}
+    with torch.device("cpu"):
+        small = models.get_model("regnet_y_400mf", weights=None)
+    assert {p.device.type for p in small.parameters()} == {"cpu"}

@@ -427,6 +427,5 @@ def test_swift_down_is_502_and_healthz_503(
     for _ in range(2):  # and again: the server survives it
         err = assert_error(post(server, ok_body(dataset), headers), 502, "swift_unavailable")
         assert swift_url in err.detail
-    # The first listing traces every network's graph: tens of seconds on two cores.
-    assert httpx.get(f"{server.url}/v1/models", timeout=600).status_code == 200
+    assert httpx.get(f"{server.url}/healthz", timeout=10).json()["status"] == "degraded"
     server.stop()

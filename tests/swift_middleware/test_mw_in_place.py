@@ -122,16 +122,17 @@ def test_a_webdataset_tar_gives_the_uploaded_shards_features(
     torch.testing.assert_close(got.features(), whole.features(), **CLOSE)
 
 
-def _mutable(swift_stack: RunningStack, mw_data: MwData, tag: str) -> InPlace:
+def _mutable(swift_stack: RunningStack, mw_data: MwData, tag: str, count: int = 3) -> InPlace:
+    """The first ``count`` images of the filter tests in a fresh folder dataset, one part."""
     conn = swift_stack.connection()
     try:
         return put_folder_dataset(
             conn,
             _unique(f"{tag}-index"),
             _unique(f"{tag}-images"),
-            mw_data.images[:3],
-            mw_data.labels[:3],
-            part_size=3,
+            mw_data.images[:count],
+            mw_data.labels[:count],
+            part_size=count,
         )
     finally:
         conn.close()
@@ -196,18 +197,7 @@ def test_refused_image_reads_leave_the_proxy_serving_every_caller(
     reads are in flight (their container lookups in memcached among them). Those must be left
     to finish: a read cut short inside Swift's pipeline kept its memcached connection, and once
     the proxy's pool was gone every token check timed out, a 401 to every caller."""
-    conn = swift_stack.connection()
-    try:
-        many = put_folder_dataset(
-            conn,
-            _unique("refused-index"),
-            _unique("refused-images"),
-            mw_data.images,
-            mw_data.labels,
-            part_size=len(mw_data.images),
-        )
-    finally:
-        conn.close()
+    many = _mutable(swift_stack, mw_data, "refused", count=len(mw_data.images))
     reader = swift_stack.other_user
     url = shard_url(proxy, many.index, many.parts[0])
     body = _body(mw_data, many)

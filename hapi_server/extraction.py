@@ -70,25 +70,45 @@ class ServerHost:
         raise TypeError(f"not an effect: {effect!r}")
 
     async def get_many(self, effect: GetMany) -> list[StoredObject]:
-        """Each object as the caller, at most ``effect.concurrency`` reads in flight; the first
-        refusal cancels the others (a part naming 1000 deleted images costs at most that many
-        more requests, not 999)."""
-        gate = asyncio.Semaphore(effect.concurrency)
-        swift, caller = self.state.swift, self.caller
+        """Each object as the caller, at most ``effect.concurrency`` reads in flight. At the first
+        refusal no more start (a part naming 1000 deleted images costs at most that many more
+        requests, not 999), and it is raised once the reads in flight have finished: cancelling
+        them would not stop the proxy's side of their GETs, whose container lookups could then
+        write an old ACL back into memcached after the caller, refused, has changed it."""
+        swift, caller, objs = self.state.swift, self.caller, effect.objs
 
-        async def one(obj: str) -> StoredObject:
-            async with gate:
-                return await swift.get(
-                    caller, effect.container, obj, max_bytes=effect.max_bytes_each
-                )
+        async def one(index: int) -> tuple[int, StoredObject]:
+            obj = objs[index]
+            return index, await swift.get(
+                caller, effect.container, obj, max_bytes=effect.max_bytes_each
+            )
 
-        tasks = [asyncio.create_task(one(obj)) for obj in effect.objs]
+        results: dict[int, StoredObject] = {}
+        refusal: BaseException | None = None
+        started = 0
+        in_flight: set[asyncio.Task[tuple[int, StoredObject]]] = set()
         try:
-            return list(await asyncio.gather(*tasks))
+            while in_flight or (refusal is None and started < len(objs)):
+                while (
+                    refusal is None and started < len(objs) and len(in_flight) < effect.concurrency
+                ):
+                    in_flight.add(asyncio.create_task(one(started)))
+                    started += 1
+                done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if (exc := task.exception()) is not None:
+                        refusal = refusal or exc
+                    else:
+                        index, stored = task.result()
+                        results[index] = stored
         finally:
-            for task in tasks:
+            # Only when this request itself is cancelled (the client left) are reads still running.
+            for task in in_flight:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*in_flight, return_exceptions=True)
+        if refusal is not None:
+            raise refusal
+        return [results[i] for i in range(len(objs))]
 
     async def run(self, flow: Flow[T]) -> T:
         """Run ``flow`` for this host's caller."""

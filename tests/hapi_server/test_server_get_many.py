@@ -1,7 +1,7 @@
-"""The server performs a ``GetMany`` with async reads under a semaphore (a fake Swift reader).
+"""The server performs a ``GetMany`` with async reads, at most ``concurrency`` at once (a fake reader).
 
 The reads are the server's own ``SwiftReader.get`` calls as the caller; here a fake stands in
-for it, so the bound and the cancellation can be counted exactly (the real reads are covered by
+for it, so the bound and the stop at a refusal can be counted exactly (the real reads are covered by
 ``test_extract_in_place.py``).
 """
 
@@ -71,15 +71,22 @@ def test_reads_are_the_callers_in_order_and_at_most_concurrency_at_once() -> Non
     assert reader.most == 5 and reader.callers == {CALLER}
 
 
-def test_the_first_refusal_is_raised_and_the_other_reads_are_cancelled() -> None:
+def test_a_refusal_stops_new_reads_and_is_raised_after_those_in_flight_finish() -> None:
     async def scenario() -> FakeReader:
         reader = FakeReader(refuse="img/2.jpg")
         names = tuple(f"img/{i}.jpg" for i in range(50))
+        task = asyncio.create_task(_host(reader).get_many(GetMany("images", names, 99, 4)))
+        while "img/2.jpg" not in reader.started or reader.in_flight < 3:
+            await asyncio.sleep(0)
+        for _ in range(10):  # a fifth read, or an early answer, has every chance: neither comes
+            await asyncio.sleep(0)
+        assert not task.done() and len(reader.started) == 4
+        reader.release.set()
         with pytest.raises(ForbiddenError, match="images/img/2.jpg"):
-            await _host(reader).get_many(GetMany("images", names, 99, 4))
+            await task
         return reader
 
     reader = asyncio.run(scenario())
     assert reader.in_flight == 0  # nothing left running
-    # The refused read's slot may pass to one more before gather sees the refusal: 4 + 1 of 50.
-    assert len(reader.started) <= 5 and not reader.finished
+    assert sorted(reader.finished) == ["img/0.jpg", "img/1.jpg", "img/3.jpg"]
+    assert len(reader.started) == 4  # none started after the refusal

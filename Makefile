@@ -41,14 +41,14 @@ system-deps:
 		$(SUDO) $(APT_GET) install -y -q $$missing; \
 	fi
 
-# Lint first: a formatting or typing slip fails in seconds, before the 25-minute suite.
+# Lint first: a formatting or typing slip fails in seconds, before the suite's long end-to-end tests.
 test: install lint
 	$(PY) -m pytest
 
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy models hapi_contract hapi_server hapi_client hapi_stack hapi_cli swift_middleware benchmarks
+	$(VENV)/bin/mypy models hapi_contract hapi_core hapi_server hapi_client hapi_stack hapi_cli swift_middleware benchmarks
 
 demo: install
 	$(VENV)/bin/hapi demo

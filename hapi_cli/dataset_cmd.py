@@ -10,13 +10,20 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hapi_contract.dataset import DEFAULT_SHARD_SIZE, DatasetLayout
 
 from .parsers import RawDescriptionDefaultsHelpFormatter
 from .upload_cmd import connect, swift_options
 
+if TYPE_CHECKING:  # imported when the command runs: `hapi --help` stays fast
+    from hapi_client.datasets import IndexRequest
+
 __all__ = ["register"]
+
+#: Skipped names the summary prints (the manifest keeps more).
+_SHOWN_SKIPPED = 10
 
 _LAYOUTS = sorted(str(layout) for layout in DatasetLayout if layout is not DatasetLayout.SHARDS)
 
@@ -25,10 +32,13 @@ Layouts:
   folder      one object per image: PREFIX<class>/**/<name>.jpg|jpeg|png|webp (any case), or
               the objects a --labels object names (CSV "name,class" or JSON Lines
               {"name": ..., "class": ...}; names are full object names). Classes are sorted by
-              name, as torchvision's ImageFolder sorts them. The images are dealt into part
-              objects of --shard-size images (hapi-index/part-NNNNNN.jsonl beside the manifest).
+              name, as torchvision's ImageFolder sorts them. Other objects (README.txt,
+              Thumbs.db) and hidden ones (.DS_Store, ._a.jpg, .thumbnails/) are skipped, counted
+              and named in the summary and the manifest, or refused with --strict. The images
+              are dealt into part objects of --shard-size images (hapi-index/part-NNNNNN.jsonl
+              beside the manifest).
   webdataset  existing WebDataset shards PREFIX**.tar|.tar.gz|.tgz (other objects are
-              skipped), read once to count their samples; labels from each sample's .cls or
+              skipped, or refused with --strict), read once to count their samples; labels from each sample's .cls or
               .txt member, or the --label-field of its .json member.
 Nothing in the data container is written, moved or rewritten; every object's ETag and size is
 pinned in the manifest, so a change after indexing is named when the data is read. An
@@ -47,6 +57,7 @@ def _index(args: argparse.Namespace) -> int:
         label_field=args.label_field,
         into=args.into,
         shard_size=args.shard_size,
+        strict=args.strict,
     )
     conn = connect(args)
     try:
@@ -69,8 +80,24 @@ def _index(args: argparse.Namespace) -> int:
         f"{len(result.stale_deleted)} stale parts deleted"
         + ("; continued an interrupted run" if result.resumed else "")
     )
+    if result.objects_skipped:
+        print(f"  {_skipped_line(result.objects_skipped, result.skipped_examples, request)}")
     print(f"  {result.seconds:.1f} s")
     return 0
+
+
+def _skipped_line(count: int, examples: tuple[str, ...], request: IndexRequest) -> str:
+    """What the index left out, named (the manifest keeps the same names)."""
+    if request.labels is not None:
+        why = f"not named by {request.labels}"
+    elif request.layout is DatasetLayout.FOLDER:
+        why = "hidden or not images"
+    else:
+        why = "hidden or not WebDataset shards"
+    shown = ", ".join(repr(name) for name in examples[:_SHOWN_SKIPPED])
+    more = f" and {count - _SHOWN_SKIPPED} more" if count > _SHOWN_SKIPPED else ""
+    hint = "" if request.labels is not None else " (--strict refuses them instead)"
+    return f"skipped {count} objects, {why}: {shown}{more}{hint}"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -118,6 +145,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=int,
         default=DEFAULT_SHARD_SIZE,
         help="folder layout: images per part, the unit of a server request",
+    )
+    index.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse, naming them, the objects that would be skipped (not images or not shards, "
+        "or hidden) instead of skipping them",
     )
     index.add_argument(
         "--state-dir",

@@ -53,6 +53,7 @@ __all__ = [
     "MANIFEST_FORMAT_VERSION",
     "MANIFEST_NAME",
     "MAX_MANIFEST_BYTES",
+    "MAX_SKIPPED_EXAMPLES",
     "MAX_OBJECT_NAME_BYTES",
     "SHARD_CONTENT_TYPE",
     "SHARD_PREFIX",
@@ -78,6 +79,8 @@ MANIFEST_NAME = "manifest.json"
 MANIFEST_CONTENT_TYPE = "application/json"
 MANIFEST_FORMAT_VERSION: Final = 1
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+#: Skipped objects a manifest names (it counts them all).
+MAX_SKIPPED_EXAMPLES = 50
 SHARD_PREFIX = "shards/"
 SHARD_CONTENT_TYPE = "application/x-tar"
 DEFAULT_SHARD_SIZE = 1000
@@ -465,6 +468,17 @@ class DatasetManifest(BaseModel):
         description="webdataset layout: the field of each sample's .json member that holds the "
         "label (None: the .cls or .txt member)",
     )
+    skipped_objects: int = Field(
+        default=0,
+        ge=0,
+        description="in-place layouts: objects under the indexed prefix left out of the dataset "
+        "(not images, hidden, not named by the labels object, or not WebDataset shards)",
+    )
+    skipped_examples: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_SKIPPED_EXAMPLES,
+        description="the first skipped objects' names, in listing order",
+    )
 
     @field_validator("name", "data_container")
     @classmethod
@@ -488,6 +502,10 @@ class DatasetManifest(BaseModel):
             raise ValueError("data_container is for the in-place layouts only")
         if self.label_field is not None and self.layout is not DatasetLayout.WEBDATASET:
             raise ValueError("label_field is for the webdataset layout only")
+        if self.layout is DatasetLayout.SHARDS and self.skipped_objects:
+            raise ValueError("skipped_objects is for the in-place layouts only")
+        if len(self.skipped_examples) > self.skipped_objects:
+            raise ValueError("more skipped_examples than skipped_objects")
         any_size = self.layout is DatasetLayout.WEBDATASET
         expected_index = 0
         names: set[str] = set()
@@ -541,6 +559,8 @@ class DatasetManifest(BaseModel):
         layout: DatasetLayout = DatasetLayout.SHARDS,
         data_container: str | None = None,
         label_field: str | None = None,
+        skipped_objects: int = 0,
+        skipped_examples: Iterable[str] = (),
     ) -> DatasetManifest:
         """A manifest whose totals and means are computed from ``shards``.
 
@@ -568,6 +588,8 @@ class DatasetManifest(BaseModel):
                 layout=layout,
                 data_container=data_container,
                 label_field=label_field,
+                skipped_objects=skipped_objects,
+                skipped_examples=list(skipped_examples),
             )
         except ValidationError as exc:
             raise InvalidManifestError(_describe(exc)) from exc
@@ -600,12 +622,20 @@ class DatasetManifest(BaseModel):
         """Canonical UTF-8 JSON (stable key order, so equal manifests give equal bytes/etags).
 
         The in-place layouts' fields are left out at their defaults, so that a ``shards``
-        manifest keeps the bytes (and etag) it had before they existed.
+        manifest keeps the bytes (and etag) it had before they existed, and an in-place index
+        that skipped nothing keeps those it had before ``skipped_objects`` existed.
         """
         unset = {
             field
-            for field in ("layout", "data_container", "label_field")
-            if getattr(self, field) == type(self).model_fields[field].default
+            for field in (
+                "layout",
+                "data_container",
+                "label_field",
+                "skipped_objects",
+                "skipped_examples",
+            )
+            if getattr(self, field)
+            == type(self).model_fields[field].get_default(call_default_factory=True)
         }
         return (self.model_dump_json(indent=1, exclude=unset) + "\n").encode("utf-8")
 

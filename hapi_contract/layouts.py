@@ -115,6 +115,8 @@ _ETAG_RE = re.compile(r"[0-9a-f]{32}")
 # dot of the base name.
 _BASE_PLUS_EXT_RE = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$", re.DOTALL)
 _GZIP_MAGIC: Final = b"\x1f\x8b"
+#: Member names and extensions an error about a shard without samples quotes.
+_SKIPPED_EXAMPLES: Final = 3
 _READ_CHUNK: Final = 1024 * 1024
 _END_MARKER_BYTES: Final = 2 * tarfile.BLOCKSIZE
 
@@ -376,6 +378,9 @@ def read_webdataset_shard(
         raise ShardFormatError(f"{where}: {exc}") from exc
     groups: dict[str, dict[str, bytes]] = {}
     members = 0
+    # What was skipped, for the error of a shard with no samples (keys with dots, say).
+    unwanted_names: list[str] = []
+    unwanted_exts: dict[str, None] = {}
     try:
         tar = tarfile.open(fileobj=io.BytesIO(raw), mode="r:")
     except (tarfile.TarError, EOFError) as exc:
@@ -389,11 +394,15 @@ def read_webdataset_shard(
                         f"{where}: more than {max_samples * _MAX_MEMBERS_PER_SAMPLE} members"
                     )
                 match = _BASE_PLUS_EXT_RE.match(member.name)
-                if not member.isreg() or member.issparse() or match is None:
+                if not member.isreg() or member.issparse():
                     continue
-                key, ext = match.group(1), match.group(2).lower()
+                key, ext = (match.group(1), match.group(2).lower()) if match else ("", "")
                 wanted = ext in _KIND_OF_EXTENSION or ext in label_exts
                 if not wanted:
+                    if len(unwanted_names) < _SKIPPED_EXAMPLES:
+                        unwanted_names.append(member.name)
+                    if len(unwanted_exts) < _SKIPPED_EXAMPLES:
+                        unwanted_exts[ext] = None
                     continue
                 # Keys are never paths here (nothing is extracted): only what would garble
                 # messages and logs is refused.
@@ -437,8 +446,22 @@ def read_webdataset_shard(
         _sample(key, parts, where, label_field, num_classes) for key, parts in groups.items()
     ]
     if not samples:
-        raise ShardFormatError(f"{where}: shard contains no samples")
+        raise ShardFormatError(_no_samples(where, members, unwanted_names, list(unwanted_exts)))
     return samples
+
+
+def _no_samples(where: str, members: int, names: list[str], exts: list[str]) -> str:
+    """The error of a shard without samples, saying what it holds instead."""
+    if not names:
+        return f"{where}: shard contains no samples ({members} members, none a regular file)"
+    return (
+        f"{where}: shard contains no samples: WebDataset splits a member name into key and "
+        "extension at the first dot of its base name, and none of the "
+        f"{members} members has an image ({', '.join(IN_PLACE_IMAGE_EXTENSIONS)}) or label "
+        f"extension that way; found e.g. {', '.join(repr(name) for name in names)} "
+        f"(extensions {', '.join(repr(ext) for ext in exts)}): keys must hold no dot "
+        "(rename the members, e.g. 'a.b.c61.jpeg' to 'a_b_c61.jpeg')"
+    )
 
 
 def _sample(

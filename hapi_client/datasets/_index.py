@@ -10,18 +10,23 @@ before its parts change, and parts a shorter index no longer lists).
 
 * **folder**: images are ``PREFIX<class>/**/<name>.{jpg,jpeg,png,webp}`` (any case), or the
   objects a labels object names (:mod:`._labels_file`; then objects it does not name are skipped
-  and counted). Classes are sorted by name, as torchvision's ``ImageFolder`` sorts them. Images
+  and counted). Without a labels object, other objects (``README.txt``, ``Thumbs.db``) and
+  hidden ones (a name or folder starting with ``.``: ``.DS_Store``, ``._a.jpg``) are skipped, as
+  torchvision's ``ImageFolder`` skips names without an image extension; ``strict`` refuses them
+  instead, all those of a listing page at once. An object that is an image by its name is never
+  skipped: empty, too large, or (when read) corrupt, it is refused, named. Classes are sorted by name, as torchvision's ``ImageFolder`` sorts them. Images
   are dealt into parts of ``shard_size`` in an order fixed by a keyed hash of each name: a part
   is then a sample of every class, not a run of one (an epoch shuffles the order of parts and the
   samples inside each, but a training batch comes from a few parts, so parts cut from the sorted
   listing would give one-class batches and one-class ranks); the order depends on the names
   only, not on the listing's pagination, so every run gives the same parts.
 * **webdataset**: shards are the ``PREFIX**.tar``, ``.tar.gz`` and ``.tgz`` objects (other
-  objects are skipped and counted), in listing order; each is read once, as the caller, with the
+  objects, and hidden ones, are skipped and counted, or refused if ``strict``), in listing order; each is read once, as the caller, with the
   tolerant reader, to count its samples and image bytes and collect its labels. Classes are
   ``"0"`` .. the largest label.
 
-Interrupted runs continue: the listing is spooled to a local file page by page and each finished
+Skipped objects are counted, and the first of them named, in the result and in the manifest
+(``skipped_objects``, ``skipped_examples``). Interrupted runs continue: the listing is spooled to a local file page by page and each finished
 part or shard recorded (:mod:`._index_state`); memory holds a page, the class names, a labels map
 if one is given, and 20 bytes per image for the deal, not the listing.
 """
@@ -112,6 +117,7 @@ class IndexRequest:
     shard_size: int = DEFAULT_SHARD_SIZE
     max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     seed: int = 0
+    strict: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -159,11 +165,20 @@ class IndexResult:
     manifest: DatasetManifest
     objects_listed: int
     objects_skipped: int
+    skipped_examples: tuple[str, ...]
     parts_written: int
     manifest_written: bool
     stale_deleted: tuple[str, ...]
     resumed: bool
     seconds: float
+
+
+def _hidden(relative: str) -> bool:
+    """Whether a name (below the prefix) is hidden: a segment starts with a dot.
+
+    ``.`` and ``..`` segments are not hidden but bad names, refused as such.
+    """
+    return any(part.startswith(".") and part not in (".", "..") for part in relative.split("/"))
 
 
 def _refuse(message: str, name: str | None) -> DatasetIndexError:
@@ -192,7 +207,9 @@ class _Run:
         self.where = f"{request.container}/{request.prefix}"
         self.labels: dict[str, str] | None = None
         self.listed = 0
-        self.skipped = 0
+        # The current listing page's skipped objects, and those ``strict`` refuses.
+        self.page_skipped: list[str] = []
+        self.page_refused: list[str] = []
         self.old_manifest = False
         self.parts_written = 0
 
@@ -244,25 +261,34 @@ class _Run:
             return False
         return name == MANIFEST_NAME or name.startswith(PART_PREFIX) or name == self.request.labels
 
+    def skip(self, name: str) -> None:
+        """Leave ``name`` out of the dataset (``strict``: refuse it, with the page's others)."""
+        (self.page_refused if self.request.strict else self.page_skipped).append(name)
+
     def folder_line(self, entry: ListingEntry) -> str | None:
         request, name = self.request, entry.name
         relative = name[len(request.prefix) :]
+        hidden = _hidden(relative)
         if name.endswith("/") and entry.bytes == 0:
             # A pseudo-directory marker: it names a class folder, which must then hold images.
             folder = relative.split("/")[0]
-            return f"{name}\t\t0\t{folder}\n" if folder and self.labels is None else None
+            named = folder and not hidden and self.labels is None
+            return f"{name}\t\t0\t{folder}\n" if named else None
         label: str | None
         if self.labels is not None:
             label = self.labels.pop(name, None)
             if label is None:  # not in the dataset the labels object describes
-                self.skipped += 1
+                self.page_skipped.append(name)
                 return None
+        elif hidden or image_kind_of_name(name) is None:
+            # What ImageFolder users expect: stray files beside the images are not samples.
+            self.skip(name)
+            return None
         self.check_object(entry)
-        if image_kind_of_name(name) is None:
+        if image_kind_of_name(name) is None:  # named by the labels object
             raise _refuse(
-                f"{request.container}/{name}: not an image (extensions: "
-                f"{', '.join(IN_PLACE_IMAGE_EXTENSIONS)}, any case); narrow --prefix or list "
-                "the images in a labels object",
+                f"{request.container}/{name}: named by {request.labels}, but not an image "
+                f"(extensions: {', '.join(IN_PLACE_IMAGE_EXTENSIONS)}, any case)",
                 name,
             )
         if entry.bytes > request.max_image_bytes:
@@ -283,9 +309,12 @@ class _Run:
         return f"{name}\t{entry.etag}\t{entry.bytes}\t{label}\n"
 
     def webdataset_line(self, entry: ListingEntry) -> str | None:
-        if not entry.name.lower().endswith(_TAR_SUFFIXES):
-            if not entry.name.endswith("/"):
-                self.skipped += 1
+        name = entry.name
+        if name.endswith("/"):
+            return None
+        hidden = _hidden(name[len(self.request.prefix) :])
+        if hidden or not name.lower().endswith(_TAR_SUFFIXES):
+            self.skip(name)
             return None
         self.check_object(entry)
         if entry.bytes > DEFAULT_MAX_TAR_BYTES:
@@ -335,14 +364,22 @@ class _Run:
                     request.container, request.prefix, state.marker, self.page_size
                 )
                 lines = []
+                self.page_skipped, self.page_refused = [], []
                 for entry in page:
                     if self.own_object(entry.name):
                         continue
                     line = to_line(entry)
                     if line is not None:
                         lines.append(line)
+                if self.page_refused:
+                    raise self.refuse_others(self.page_refused)
                 complete = len(page) < self.page_size
-                state.append_page(lines, page[-1].name if page else state.marker, complete=complete)
+                state.append_page(
+                    lines,
+                    page[-1].name if page else state.marker,
+                    complete=complete,
+                    skipped=self.page_skipped,
+                )
                 pages += 1
                 self.listed += len(page)
                 bar.update(len(page))
@@ -358,6 +395,22 @@ class _Run:
                 f"under {self.where!r}, e.g. {missing[:3]}",
                 missing[0],
             )
+
+    def refuse_others(self, names: list[str]) -> DatasetIndexError:
+        """The ``strict`` refusal of a page's objects that are not images (or shards)."""
+        request = self.request
+        if request.layout is DatasetLayout.FOLDER:
+            what = f"images ({', '.join(IN_PLACE_IMAGE_EXTENSIONS)}, any case)"
+        else:
+            what = f"WebDataset shards ({', '.join('*' + s for s in _TAR_SUFFIXES)})"
+        shown = ", ".join(repr(name) for name in names[:10])
+        more = f" and {len(names) - 10} more" if len(names) > 10 else ""
+        return _refuse(
+            f"{request.container}: {len(names)} objects under {self.where!r} are hidden or not "
+            f"{what}: {shown}{more}; delete or move them, narrow --prefix, or index without "
+            "--strict to skip them",
+            names[0],
+        )
 
     # -- phase 2, folder: deal the images into parts and write them --------------------------
 
@@ -558,6 +611,8 @@ class _Run:
                 layout=request.layout,
                 data_container=None if request.in_data_container else request.container,
                 label_field=request.label_field,
+                skipped_objects=self.state.skipped_count,
+                skipped_examples=self.state.skipped_examples,
             )
         except InvalidManifestError as exc:
             raise _refuse(f"cannot index {self.where!r}: {exc}", None) from exc
@@ -620,7 +675,8 @@ def run_index(
     result = IndexResult(
         manifest=manifest,
         objects_listed=run.listed,
-        objects_skipped=run.skipped,
+        objects_skipped=state.skipped_count,
+        skipped_examples=tuple(state.skipped_examples),
         parts_written=run.parts_written,
         manifest_written=manifest_written,
         stale_deleted=stale,
@@ -674,13 +730,16 @@ def index_dataset(
     label_field: str | None = None,
     into: str | None = None,
     shard_size: int = DEFAULT_SHARD_SIZE,
+    strict: bool = False,
     state_dir: Path | None = None,
     progress: bool = True,
 ) -> DatasetManifest:
     """Index the data in ``container`` (under ``prefix``) in place; return its manifest.
 
     The manifest goes into ``into`` (default: ``container``) as ``manifest.json``, so the
-    dataset is then named by that container, like an uploaded one. See :func:`sync_index`.
+    dataset is then named by that container, like an uploaded one. Objects that are not images
+    (folder layout) or shards (webdataset), and hidden ones, are skipped and counted in the
+    manifest (``skipped_objects``), or refused if ``strict``. See :func:`sync_index`.
     """
     request = IndexRequest(
         container=container,
@@ -690,5 +749,6 @@ def index_dataset(
         label_field=label_field,
         into=into,
         shard_size=shard_size,
+        strict=strict,
     )
     return sync_index(conn, request, state_dir=state_dir, progress=progress).manifest

@@ -9,8 +9,9 @@ layout and every option that changes the result); its state lives in a directory
   they get here), appended page by page. It is what keeps memory bounded: the indexer never holds
   the listing in memory, only offsets into this file;
 * ``state.json``: the fingerprint, the listing's ``marker`` (the last name listed), the length of
-  ``listing.tsv`` at that marker, and whether the listing is complete; written atomically after
-  each page, so a crash mid-page loses that page only (the file is cut back to the length);
+  ``listing.tsv`` at that marker, whether the listing is complete, and the objects skipped so far
+  (their count and the first :data:`SKIPPED_EXAMPLES` names); written atomically after each
+  page, so a crash mid-page loses that page only (the file is cut back to the length);
 * ``done.jsonl``: one JSON line per finished unit of the second phase (a part written, or a
   WebDataset shard read and counted), appended as each finishes.
 
@@ -25,17 +26,23 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["IndexState", "default_state_dir"]
+from hapi_contract.dataset import MAX_SKIPPED_EXAMPLES
+
+__all__ = ["SKIPPED_EXAMPLES", "IndexState", "default_state_dir"]
 
 logger = logging.getLogger(__name__)
 
 _LISTING = "listing.tsv"
 _STATE = "state.json"
 _DONE = "done.jsonl"
+
+#: How many skipped names a run keeps (the manifest lists as many): the count is always exact,
+#: but a container of a million stray objects must not make a manifest of a million names.
+SKIPPED_EXAMPLES = MAX_SKIPPED_EXAMPLES
 
 
 def default_state_dir(fingerprint: dict[str, Any]) -> Path:
@@ -54,6 +61,8 @@ class IndexState:
         self.marker = ""
         self.listing_complete = False
         self.resumed = False
+        self.skipped_count = 0
+        self.skipped_examples: list[str] = []
         self._listing_bytes = 0
         self._load()
 
@@ -83,6 +92,9 @@ class IndexState:
         self.marker = str(saved["marker"])
         self.listing_complete = bool(saved["listing_complete"])
         self._listing_bytes = int(saved["listing_bytes"])
+        # .get: a state left by a version that did not keep them.
+        self.skipped_count = int(saved.get("skipped_count", 0))
+        self.skipped_examples = [str(name) for name in saved.get("skipped_examples", [])]
         self.resumed = True
         # Cut off a page appended after the last saved state (the run stopped mid-page).
         with open(self.listing_path, "ab") as spool:
@@ -105,16 +117,26 @@ class IndexState:
             "marker": self.marker,
             "listing_bytes": self._listing_bytes,
             "listing_complete": self.listing_complete,
+            "skipped_count": self.skipped_count,
+            "skipped_examples": self.skipped_examples,
         }
         temporary = self.directory / (_STATE + ".tmp")
         temporary.write_text(json.dumps(body), encoding="utf-8")
         os.replace(temporary, self.directory / _STATE)
 
-    def append_page(self, lines: list[str], marker: str, *, complete: bool) -> None:
-        """Add one listing page's lines and move the marker past it (atomically, as one step)."""
+    def append_page(
+        self, lines: list[str], marker: str, *, complete: bool, skipped: Sequence[str] = ()
+    ) -> None:
+        """Add one listing page's lines and move the marker past it (atomically, as one step).
+
+        ``skipped``: the names of the page's objects that the index leaves out.
+        """
         with open(self.listing_path, "ab") as spool:
             spool.write("".join(lines).encode("utf-8"))
             self._listing_bytes = spool.tell()
+        self.skipped_count += len(skipped)
+        room = SKIPPED_EXAMPLES - len(self.skipped_examples)
+        self.skipped_examples += list(skipped[:room])
         self.marker = marker
         self.listing_complete = complete
         self._save()

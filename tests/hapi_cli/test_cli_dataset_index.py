@@ -18,9 +18,11 @@ def test_help_names_the_layouts_and_options(capsys: pytest.CaptureFixture[str]) 
         "--label-field",
         "--into",
         "--shard-size",
+        "--strict",
     ):
         assert option in out
     assert "{folder,webdataset}" in out and "Nothing in the data container is written" in out
+    assert ".DS_Store" in out and "refused with --strict" in out
 
 
 @pytest.mark.parametrize(

@@ -344,3 +344,19 @@ def test_reader_rejects_damaged_archives(mangle, match: str) -> None:  # type: i
     data = _tar([("a.jpg", JPG), ("a.cls", b"1"), ("b.jpg", JPG), ("b.cls", b"2")])
     with pytest.raises(ShardFormatError, match=match):
         read_webdataset_shard(mangle(data), "w/x.tar")
+
+
+def test_keys_with_dots_are_explained() -> None:
+    # Issue 28, case 8: a.b.c61.jpeg is key 'a', extension 'b.c61.jpeg' for WebDataset.
+    members = [
+        (f"a.b.c{i}.{ext}", JPG if ext == "jpeg" else b"1")
+        for i in range(10)
+        for ext in ("jpeg", "cls")
+    ]
+    with pytest.raises(ShardFormatError, match="^w/x.tar: shard contains no samples") as caught:
+        read_webdataset_shard(_tar(members), "w/x.tar")
+    message = str(caught.value)
+    assert "first dot" in message
+    assert "'a.b.c0.jpeg'" in message
+    assert "'b.c0.jpeg'" in message
+    assert "20 members" in message

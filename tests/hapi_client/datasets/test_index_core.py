@@ -270,7 +270,6 @@ def _store_with(name: str, data: bytes, large: bool = False) -> MemoryStore:
 @pytest.mark.parametrize(
     ("name", "data", "large", "match"),
     [
-        ("train/a/notes.txt", b"hello", False, "train/a/notes.txt: not an image"),
         ("train/a/empty.jpg", b"", False, "zero bytes"),
         ("train/a/big.jpg", b"x" * 2000, False, "above the limit of 1000 bytes"),
         ("train/a/../b.jpg", b"x", False, "segment"),
@@ -287,6 +286,69 @@ def test_bad_objects_are_named(
     with pytest.raises(DatasetIndexError, match=match) as caught:
         _run(_store_with(name, data, large), tmp_path, request)
     assert caught.value.object_name == name
+
+
+STRAYS = {
+    "train/README.txt": b"read me",
+    "train/.DS_Store": b"\0\0\0\1Bud1",
+    "train/a/Thumbs.db": b"thumbs",
+    "train/a/._0.jpg": b"AppleDouble",  # a hidden name is not an image, whatever its extension
+    "train/.thumbnails/0.jpg": _jpeg(9),  # nor is a hidden folder a class
+    "train/.thumbnails/": b"",
+    "train/dog/.keep": b"",  # empty, but not an image: skipped, not refused as empty
+}
+
+
+def _stray_store() -> MemoryStore:
+    store = _folder_store(3)
+    for name, data in STRAYS.items():
+        store.add("data", name, data)
+    return store
+
+
+def test_stray_objects_are_skipped_counted_and_named(tmp_path: Path) -> None:
+    # Issue 28, case 7: ImageFolder users expect README.txt, .DS_Store, Thumbs.db to be skipped.
+    request = IndexRequest("data", DatasetLayout.FOLDER, prefix="train/", shard_size=5)
+    state = IndexState(tmp_path / "state", request.fingerprint("memory"))
+    result = run_index(_stray_store(), request, state, page_size=4)
+    manifest = result.manifest
+    assert manifest.classes == ["Zebra", "a", "a-b", "dog"] and manifest.num_samples == 12
+    strays = sorted(name for name in STRAYS if not name.endswith("/"))
+    assert result.objects_skipped == len(strays) and sorted(result.skipped_examples) == strays
+    assert manifest.skipped_objects == len(strays)
+    assert sorted(manifest.skipped_examples) == strays
+    assert parse_manifest(manifest.to_json()) == manifest
+
+
+def test_skipped_objects_survive_an_interrupted_listing(tmp_path: Path) -> None:
+    request = IndexRequest("data", DatasetLayout.FOLDER, prefix="train/", shard_size=5)
+    store = _stray_store()
+    with pytest.raises(IndexInterruptedError):
+        _run(store, tmp_path, request, page_size=4, stop=lambda phase, n: n == 3)
+    manifest = _run(store, tmp_path, request, page_size=4)
+    assert manifest.skipped_objects == len([n for n in STRAYS if not n.endswith("/")])
+
+
+def test_strict_refuses_the_stray_objects_of_a_page_at_once(tmp_path: Path) -> None:
+    store = _stray_store()
+    request = IndexRequest("data", DatasetLayout.FOLDER, prefix="train/", strict=True)
+    with pytest.raises(
+        DatasetIndexError, match="objects under 'data/train/' are hidden or not"
+    ) as caught:
+        _run(store, tmp_path, request)
+    message = str(caught.value)
+    assert all(repr(name) in message for name in STRAYS if not name.endswith("/"))
+    assert caught.value.object_name == "train/.DS_Store"
+    assert store.writes == []
+
+
+def test_a_labels_object_naming_a_non_image_is_refused(tmp_path: Path) -> None:
+    store = _folder_store(1)
+    store.add("data", "train/a/notes.txt", b"hello")
+    store.add("data", "labels.csv", b"train/a/notes.txt,x\n")
+    request = IndexRequest("data", DatasetLayout.FOLDER, labels="labels.csv")
+    with pytest.raises(DatasetIndexError, match="notes.txt: named by labels.csv, but not an image"):
+        _run(store, tmp_path, request)
 
 
 def test_empty_prefix_and_an_uploaded_dataset_are_refused(tmp_path: Path) -> None:
@@ -362,7 +424,8 @@ def test_webdataset_layout(tmp_path: Path) -> None:
     state = IndexState(tmp_path / "s", request.fingerprint("memory"))
     result = run_index(store, request, state)
     manifest = result.manifest
-    assert result.objects_skipped == 1
+    assert result.objects_skipped == 1 and result.skipped_examples == ("wds/info.json",)
+    assert (manifest.skipped_objects, manifest.skipped_examples) == (1, ["wds/info.json"])
     assert [(s.name, s.samples, s.first_index) for s in manifest.shards] == [
         ("wds/a-000.tar", 5, 0),
         ("wds/a-001.tar.gz", 2, 5),

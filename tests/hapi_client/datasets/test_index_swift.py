@@ -146,9 +146,23 @@ def test_bad_objects_and_prefixes_are_named(
     swift_conn.put_container(odd)
     swift_conn.put_object(odd, f"train/{classes[0]}/ok.jpg", b"\xff\xd8\xff not decoded here")
     swift_conn.put_object(odd, f"train/{classes[0]}/notes.txt", b"hello")
-    with pytest.raises(DatasetIndexError, match="notes.txt: not an image") as caught:
-        index_dataset(swift_conn, odd, layout="folder", state_dir=tmp_path / "1", progress=False)
-    assert caught.value.object_name == f"train/{classes[0]}/notes.txt"
+    swift_conn.put_object(odd, "train/.DS_Store", b"\0\0\0\1Bud1")
+    swift_conn.put_object(odd, f"train/{classes[0]}/empty.jpg", b"")
+    with pytest.raises(DatasetIndexError, match="empty.jpg'?: zero bytes") as caught:
+        index_dataset(swift_conn, odd, layout="folder", state_dir=tmp_path / "0", progress=False)
+    assert caught.value.object_name == f"train/{classes[0]}/empty.jpg"
+    swift_conn.delete_object(odd, f"train/{classes[0]}/empty.jpg")
+    # Both strays at once, with --strict; skipped, counted and named without it (issue 28 #7).
+    with pytest.raises(DatasetIndexError, match="2 objects under 'idx-odd") as caught:
+        index_dataset(
+            swift_conn, odd, layout="folder", strict=True, state_dir=tmp_path / "1", progress=False
+        )
+    assert "'train/.DS_Store'" in str(caught.value) and "notes.txt'" in str(caught.value)
+    manifest = index_dataset(
+        swift_conn, odd, layout="folder", state_dir=tmp_path / "1", progress=False
+    )
+    assert manifest.num_samples == 1 and manifest.skipped_objects == 2
+    assert manifest.skipped_examples == ["train/.DS_Store", f"train/{classes[0]}/notes.txt"]
     with pytest.raises(DatasetIndexError, match="nothing to index under"):
         index_dataset(
             swift_conn, container, layout="folder", prefix="val/", state_dir=tmp_path / "2"
@@ -248,6 +262,27 @@ def test_cli_index_and_exit_codes(
     assert code == 0, out
     assert f"dataset {into!r} (folder layout, data in {container!r})" in out
     assert f"{PER_CLASS * len(classes)} samples, {len(classes)} classes" in out
+    assert "hidden or not images" not in out
+    swift_conn = swift_stack.connection()
+    swift_conn.put_object(container, "train/README.txt", b"read me")
+    swift_conn.put_object(container, f"train/{classes[0]}/Thumbs.db", b"thumbs")
+    try:
+        code = main([*base, "--prefix", "train/", "--into", into, *state, *_args(swift_stack)])
+        out = capsys.readouterr().out
+        assert code == 0, out
+        assert (
+            f"  skipped 2 objects, hidden or not images: 'train/README.txt', "
+            f"'train/{classes[0]}/Thumbs.db' (--strict refuses them instead)\n"
+        ) in out
+        code = main(
+            [*base, "--prefix", "train/", "--into", into, "--strict", *state, *_args(swift_stack)]
+        )
+        err = capsys.readouterr().err
+        assert code == 2 and "2 objects under" in err and "'train/README.txt'" in err
+    finally:
+        swift_conn.delete_object(container, "train/README.txt")
+        swift_conn.delete_object(container, f"train/{classes[0]}/Thumbs.db")
+        swift_conn.close()
     code = main([*base, "--prefix", "nothing/", *state, *_args(swift_stack)])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("hapi: error: nothing to index") and err.count("\n") == 1

@@ -401,6 +401,7 @@ def _all_in_cos(
         data_container=source.data_container,
         label_field=source.label_field,
         shards=[s.name for s in manifest.shards],
+        etags={s.name: s.etag for s in manifest.shards},  # read only as the manifest has them
         model=stored.ref(),
         target_classes=classes if classes != stored.num_classes else None,
         freeze_index=freeze,

@@ -8,6 +8,11 @@ Every layout of a dataset is read alike (:mod:`hapi_contract.layouts`): the raw 
 verifier read a shard with the contract's reader (:func:`hapi_contract.read_shard_samples`, the
 one the server runs), a ``folder`` part's images from a pool of threads; a HAPI request names
 the shard's layout, so the server reads it the same way.
+
+Every read is pinned to the manifest: a shard is read, here or by the server, only while Swift
+reports the etag its manifest recorded (:func:`hapi_contract.check_pin`), so a shard overwritten
+after it was indexed or uploaded is refused naming it (here :class:`hapi_contract
+.ChangedObjectError`, from the server a 409 ``object_changed``), never trained on silently.
 """
 
 from __future__ import annotations
@@ -85,8 +90,9 @@ def read_source(
     concurrency: int = OBJECT_READ_CONCURRENCY,
 ) -> tuple[list[ShardSample], int]:
     """A shard's samples in stored order, in its layout, checked as the server checks them
-    (a ``folder`` image against its pin, :class:`hapi_contract.ChangedObjectError` when it
-    changed), and the bytes read from Swift; ``observe`` feeds the bandwidth estimate.
+    (the shard object against ``source.etag``, a ``folder`` image against its pin:
+    :class:`hapi_contract.ChangedObjectError` when either changed), and the bytes read from
+    Swift; ``observe`` feeds the bandwidth estimate.
 
     Raises:
         hapi_contract.DatasetFormatError: the shard, part or an image is malformed or changed.
@@ -95,17 +101,17 @@ def read_source(
     nbytes = 0
     lock = threading.Lock()
 
-    def get(container: str, name: str, max_bytes: int) -> bytes:
+    def get(container: str, name: str, max_bytes: int) -> tuple[bytes, str]:
         nonlocal nbytes
-        data, _ = swift.get(container, name, observe=observe)
+        data, etag = swift.get(container, name, observe=observe)
         with lock:
             nbytes += len(data)
-        return data
+        return data, etag
 
     def get_many(container: str, names: Sequence[str], max_bytes_each: int) -> list[bytes]:
         pool = ThreadPoolExecutor(max(1, min(concurrency, len(names))), "hapi-objects")
         try:
-            return list(pool.map(lambda name: get(container, name, max_bytes_each), names))
+            return list(pool.map(lambda name: get(container, name, max_bytes_each)[0], names))
         finally:
             # After a refusal: the reads not started are not made.
             pool.shutdown(wait=True, cancel_futures=True)
@@ -252,6 +258,7 @@ def hapi_loader(
         req = ExtractRequest(
             container=source.container,
             shard=source.shard,
+            etag=source.etag,
             layout=source.layout,
             data_container=source.data_container,
             label_field=source.label_field,

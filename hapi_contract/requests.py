@@ -52,6 +52,7 @@ __all__ = [
     "Compression",
     "ContainerName",
     "DatasetSource",
+    "Etag",
     "ExtractRequest",
     "FinetuneRequest",
     "ModelRef",
@@ -208,6 +209,20 @@ _Size = Annotated[StrictInt, Field(ge=1, le=_MAX_BATCH), _INTEGRAL]
 _ImageSide = Annotated[StrictInt, Field(ge=8, le=1024), _INTEGRAL]
 _Bytes = Annotated[StrictInt, Field(ge=0), _INTEGRAL]
 _LayerIndex = Annotated[StrictInt, Field(ge=0, le=_MAX_LAYERS), _INTEGRAL]
+Etag = Annotated[
+    StrictStr,
+    Field(
+        pattern=r"^[0-9a-f]{32}$",
+        description="an object's etag as its dataset's manifest recorded it: its MD5, 32 "
+        "lowercase hex digits, as Swift reports a plain object's",
+    ),
+]
+"""A pinned object's etag: the MD5 Swift reports for a plain object, lowercase hex."""
+
+_PIN = (
+    "the server reads the shard only while Swift reports this etag for it, and answers 409 "
+    "object_changed naming the object otherwise (overwritten since the manifest was made)"
+)
 
 
 class OutputDtype(StrEnum):
@@ -369,10 +384,13 @@ class ExtractRequest(DatasetSource):
 
     ``split_index`` counts the layers run on the server; 0 sends the transformed input itself.
     It must not exceed the architecture's layer count, nor the profile's when one is sent (422).
+    ``etag`` pins the shard object to the one the dataset's manifest recorded (clients send it
+    for every shard of a manifest; without it the shard is read as stored).
     """
 
     container: ContainerName
     shard: ObjectName
+    etag: Etag | None = Field(None, description=f"the shard object's recorded etag: {_PIN}")
     model: ModelRef
     split_index: _LayerIndex
     transform: TransformSpec
@@ -417,6 +435,11 @@ class FinetuneRequest(DatasetSource):
     eval_shards: Annotated[
         list[ObjectName], Field(max_length=_MAX_SHARDS, json_schema_extra={"uniqueItems": True})
     ] = Field(default_factory=list)
+    etags: Annotated[dict[ObjectName, Etag], Field(max_length=2 * _MAX_SHARDS)] = Field(
+        default_factory=dict,
+        description="the recorded etag of each shard of shards and eval_shards, by name (one "
+        f"left out is read as stored; a name that is neither: 422): {_PIN}",
+    )
     model: ModelRef
     target_classes: Annotated[StrictInt, Field(ge=1, le=100_000), _INTEGRAL] | None = Field(
         None, description="replace the classifier with a new one of this many classes (seeded)"
@@ -443,4 +466,7 @@ class FinetuneRequest(DatasetSource):
             names: list[str] = getattr(self, field)
             if len(set(names)) != len(names):
                 raise ValueError(f"{field} lists the same shard more than once")
+        unknown = sorted(set(self.etags) - set(self.shards) - set(self.eval_shards))
+        if unknown:
+            raise ValueError(f"etags names shards the request does not read: {unknown[:3]}")
         return self

@@ -11,9 +11,17 @@ client's BASELINE mode and its pushdown verifier with its Swift session (:func:`
 
 Errors are the contract's dataset errors, each naming the object and the cause:
 :class:`~hapi_contract.layouts.ChangedObjectError` for an object that is not what was indexed
-(size or MD5), :class:`~hapi_contract.dataset.ShardFormatError` and
+(size or MD5) or a shard that is not what its manifest recorded (its etag: :func:`check_pin`),
+:class:`~hapi_contract.dataset.ShardFormatError` and
 :class:`~hapi_contract.layouts.PartFormatError` for the rest, and :class:`TooManySamplesError`
 for a shard over the reader's sample limit.
+
+**Pins.** A manifest records every shard object's etag (the MD5 Swift reports: an uploaded
+shard's, a WebDataset tar's, a folder part's), and a :class:`ShardSource` built from it carries
+that etag; the shard is then read only while Swift still answers it: a shard overwritten since,
+with the same samples or not, is refused naming it, never read as if it were the recorded one.
+The etag checked is the one Swift sent with the bytes read, so the check costs no hashing and
+no extra request, and no read can slip between the check and the bytes.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from hapi_contract.dataset import (
     read_shard,
 )
 from hapi_contract.layouts import (
+    ChangedObjectError,
     PartEntry,
     check_folder_object,
     parse_part,
@@ -44,6 +53,7 @@ __all__ = [
     "ShardRead",
     "ShardSource",
     "TooManySamplesError",
+    "check_pin",
     "read_shard_samples",
     "run_shard_read",
 ]
@@ -57,7 +67,9 @@ class TooManySamplesError(DatasetFormatError):
 
 @dataclass(frozen=True)
 class ReadObject:
-    """Read ``container/name`` whole, at most ``max_bytes``; the answer is its bytes."""
+    """Read ``container/name`` whole, at most ``max_bytes``; the answer is the pair of its bytes
+    and the etag Swift sent with them (``""`` when it sent none), so that the reader can check a
+    pinned shard (:func:`check_pin`)."""
 
     container: str
     name: str
@@ -89,7 +101,8 @@ class ShardSource:
     """Where one shard of a dataset lies and how to read it: what a request names.
 
     ``container`` holds the shard object (the tar, or for ``folder`` the part beside the
-    manifest); ``data_container`` the image objects of a ``folder`` part.
+    manifest); ``data_container`` the image objects of a ``folder`` part. ``etag`` pins the
+    shard object to the one its manifest recorded (None: read whatever is stored).
     """
 
     container: str
@@ -97,19 +110,21 @@ class ShardSource:
     layout: DatasetLayout = DatasetLayout.SHARDS
     data_container: str | None = None
     label_field: str | None = None
+    etag: str | None = None
 
     @classmethod
     def of(cls, manifest: DatasetManifest, container: str, shard: int) -> ShardSource:
-        """Shard ``shard`` of ``manifest``, whose manifest lies in ``container``."""
-        name = manifest.shards[shard].name
-        layout = manifest.layout
+        """Shard ``shard`` of ``manifest``, whose manifest lies in ``container``, pinned to the
+        etag the manifest recorded for it."""
+        info = manifest.shards[shard]
+        name, etag, layout = info.name, info.etag, manifest.layout
         if layout is DatasetLayout.WEBDATASET:
             # The user's tars are the shards: they lie in the data container.
             data = manifest.data_container or container
-            return cls(data, name, layout, label_field=manifest.label_field)
+            return cls(data, name, layout, label_field=manifest.label_field, etag=etag)
         if layout is DatasetLayout.FOLDER:
-            return cls(container, name, layout, data_container=manifest.data_container)
-        return cls(container, name)
+            return cls(container, name, layout, data_container=manifest.data_container, etag=etag)
+        return cls(container, name, etag=etag)
 
     @property
     def where(self) -> str:
@@ -138,7 +153,8 @@ def read_shard_samples(
     read itself, as too large).
 
     Raises:
-        ChangedObjectError: a ``folder`` image is not the object that was indexed.
+        ChangedObjectError: the shard object is not the one pinned (``source.etag``), or a
+            ``folder`` image is not the object that was indexed.
         TooManySamplesError: more than ``max_samples`` samples, or a part whose images sum to
             more than ``max_object_bytes``.
         DatasetFormatError: the shard, the part or an image is malformed (the message names it).
@@ -153,7 +169,8 @@ def read_shard_samples(
                 max_image_bytes=max_image_bytes,
             )
         )
-    data: bytes = yield ReadObject(source.container, source.shard, max_object_bytes)
+    data, etag = yield ReadObject(source.container, source.shard, max_object_bytes)
+    check_pin(source, etag)
     where = source.where
     if source.layout is DatasetLayout.WEBDATASET:
 
@@ -183,6 +200,24 @@ def read_shard_samples(
     return samples
 
 
+def check_pin(source: ShardSource, etag: str) -> None:
+    """Refuse ``source``'s shard object when ``etag`` (what Swift sent with its bytes) is not
+    the one pinned, in the words a changed ``folder`` image is refused with.
+
+    Raises:
+        ChangedObjectError: the object was overwritten or replaced since its manifest was made.
+    """
+    if source.etag is None or etag == source.etag:
+        return
+    made, again = (
+        ("uploaded", "upload") if source.layout is DatasetLayout.SHARDS else ("indexed", "index")
+    )
+    raise ChangedObjectError(
+        f"{source.where} changed after it was {made} (etag {etag or 'none'}; {made}: etag "
+        f"{source.etag}): {again} the dataset again"
+    )
+
+
 def _check_count(count: int, max_samples: int, where: str) -> None:
     if count > max_samples:
         raise TooManySamplesError(
@@ -201,7 +236,8 @@ def _read_folder_part(
 ) -> ShardRead[list[ShardSample]]:
     where = source.where
     # A part line is at most MAX_PART_LINE_BYTES; parse_part counts the lines.
-    data: bytes = yield ReadObject(source.container, source.shard, max_object_bytes)
+    data, etag = yield ReadObject(source.container, source.shard, max_object_bytes)
+    check_pin(source, etag)
     entries: list[PartEntry] = yield Parse(
         lambda: parse_part(
             data,
@@ -237,11 +273,12 @@ def _check_objects(
 
 def run_shard_read(
     read: ShardRead[T],
-    get: Callable[[str, str, int], bytes],
+    get: Callable[[str, str, int], tuple[bytes, str]],
     get_many: Callable[[str, Sequence[str], int], list[bytes]],
 ) -> T:
-    """Run ``read`` to its end with blocking reads: ``get(container, name, max_bytes)``,
-    ``get_many(container, names, max_bytes_each)``; parsing runs in the calling thread."""
+    """Run ``read`` to its end with blocking reads: ``get(container, name, max_bytes)`` answers
+    ``(bytes, etag)``, ``get_many(container, names, max_bytes_each)`` a list of bytes; parsing
+    runs in the calling thread."""
     answer: Any = None
     while True:
         try:

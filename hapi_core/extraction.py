@@ -123,16 +123,20 @@ def plan_weights(rt: CoreRuntime, ref: ModelRef, scheduler: DeviceScheduler) -> 
 
 
 def source_of(req: ExtractRequest | FinetuneRequest, shard: str) -> ShardSource:
-    """Where ``shard`` of a request lies (its container, layout, data container, label field)."""
-    return ShardSource(req.container, shard, req.layout, req.data_container, req.label_field)
+    """Where ``shard`` of a request lies (its container, layout, data container, label field)
+    and the etag the request pins it to, if any (a 409 when Swift's differs)."""
+    etag = req.etag if isinstance(req, ExtractRequest) else req.etags.get(shard)
+    return ShardSource(
+        req.container, shard, req.layout, req.data_container, req.label_field, etag=etag
+    )
 
 
 def read_samples(
     rt: CoreRuntime, source: ShardSource, num_classes: int
 ) -> Flow[tuple[list[bytes], list[int]]]:
     """A shard's images and labels in any layout, read as the caller and checked: the format
-    (422), the sample count (413), a folder part's images against their pins (409) and every
-    image's header (413 / 422); each error names the object.
+    (422), the sample count (413), the shard object and a folder part's images against their
+    pins (409) and every image's header (413 / 422); each error names the object.
 
     The reading itself is the contract's (:func:`hapi_contract.read_shard_samples`, which the
     client's BASELINE mode runs too); this flow performs its reads and parsing as effects.
@@ -174,7 +178,7 @@ def _perform_read(rt: CoreRuntime, read: ShardRead[T]) -> Flow[T]:
         match step:
             case ReadObject(container, name, max_bytes):
                 blob: StoredObject = yield Get(container, name, max_bytes)
-                answer = blob.data
+                answer = (blob.data, blob.etag)  # the reader checks a pinned shard's etag
             case ReadObjects(container, names, max_bytes_each):
                 concurrency = rt.settings.object_read_concurrency
                 try:

@@ -196,6 +196,9 @@ def test_models_are_frozen() -> None:
         ("compression", "gzip", "'none' or 'zstd'"),
         ("request_id", "has space", "should match pattern"),
         ("request_id", "x" * 129, "should match pattern"),
+        ("etag", "0" * 32, None),
+        ("etag", "A" * 32, "should match pattern"),
+        ("etag", '"' + "0" * 32 + '"', "should match pattern"),
     ],
 )
 def test_extract_request_rejects_bad_field(path: str, value: Any, message: str | None) -> None:
@@ -216,6 +219,8 @@ def test_finetune_request_accepts_good_input() -> None:
     assert FinetuneRequest.model_validate_json(req.model_dump_json()) == req
     minimal = {k: v for k, v in FINETUNE.items() if k not in {"eval_shards", "seed"}}
     assert FinetuneRequest.model_validate(minimal).eval_shards == []
+    pins = {"test/shard-00000.tar": "0" * 32}  # eval shards are pinned by the same map
+    assert FinetuneRequest.model_validate({**FINETUNE, "etags": pins}).etags == pins
 
 
 @pytest.mark.parametrize(
@@ -238,6 +243,8 @@ def test_finetune_request_accepts_good_input() -> None:
         ("optimizer.lr", DELETE, "Field required"),
         ("b_max", DELETE, "Field required"),
         ("extra", True, "Extra inputs are not permitted"),
+        ("etags", {"train/shard-00000.tar": "xyz"}, "should match pattern"),
+        ("etags", {"other.tar": "0" * 32}, "etags names shards the request does not read"),
     ],
 )
 def test_finetune_request_rejects_bad_field(path: str, value: Any, message: str) -> None:

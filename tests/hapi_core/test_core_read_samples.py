@@ -7,6 +7,7 @@ the blocking way to perform a ``GetMany``.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import threading
 from collections.abc import Callable
@@ -255,3 +256,38 @@ def test_get_many_without_a_pool_reads_one_after_the_other() -> None:
     get, most, _ = _blocking_get(1)
     got = get_many_in_threads(GetMany("c", ("a", "b"), 10, 8), get)
     assert [o.data for o in got] == [b"a", b"b"] and most[0] == 1
+
+
+@pytest.mark.parametrize("layout", list(DatasetLayout))
+def test_a_shard_overwritten_since_its_manifest_pinned_it_is_a_409_naming_it(
+    pool: ThreadPoolExecutor, layout: DatasetLayout
+) -> None:
+    # The same samples in another order: as many as recorded, only the etag tells the change.
+    swapped = IMAGES[::-1]
+    if layout is DatasetLayout.FOLDER:
+        container, name, before, after = INDEX, PART, _part(), _part(swapped, NAMES[::-1])
+        source = dict(data_container=DATA)
+    elif layout is DatasetLayout.WEBDATASET:
+        container, name = DATA, "a.tar"
+        before = webdataset_tar(IMAGES, LABELS, label_field="y")
+        after = webdataset_tar(swapped, LABELS, label_field="y")
+        source = dict(label_field="y")
+    else:
+        container, name = INDEX, "s.tar"
+        before, after = (
+            write_shard(
+                (f"s{i}", b, "jpg", lab) for i, (b, lab) in enumerate(zip(ims, LABELS, strict=True))
+            )
+            for ims in (IMAGES, swapped)
+        )
+        source = {}
+    pinned = ShardSource(container, name, layout, etag=md5_hex(before), **source)
+    images = {(DATA, n): b for n, b in zip(NAMES, IMAGES, strict=True)}
+    assert _read(Store({(container, name): before, **images}, pool), pinned)[0] == IMAGES
+    store = Store({(container, name): after, **images}, pool)
+    made = "uploaded" if layout is DatasetLayout.SHARDS else "indexed"
+    with pytest.raises(ObjectChangedError, match=f"{container}/{name} changed after it was {made}"):
+        _read(store, pinned)
+    assert store.reads == [name]  # refused before anything else is read or parsed
+    # Unpinned (a request written before pins existed), the stored shard is read as it is.
+    assert len(_read(store, dataclasses.replace(pinned, etag=None))[0]) == len(IMAGES)

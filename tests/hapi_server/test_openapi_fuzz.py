@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import cast
 
 import hapi_models
 import httpx
@@ -128,14 +129,23 @@ def _keep_cross_field_rules(
 
     Those JSON Schema cannot state: a split or freeze index within the architecture's layers
     (and the profile's, whose two lists are equally long), ``crop`` not over ``resize``, a crop
-    the architecture can run on, weights within the weights size limit, and a layout's own
-    fields (``data_container``, ``label_field``) only with that layout.
+    the architecture can run on, weights within the weights size limit, a layout's own
+    fields (``data_container``, ``label_field``) only with that layout, and pins (``etags``)
+    only for shards the body names.
     """
     layout = body.get("layout", "shards")
     if layout != "folder":
         body.pop("data_container", None)
     if layout != "webdataset":
         body.pop("label_field", None)
+    etags = body.get("etags")
+    if isinstance(etags, dict):
+        named = {
+            name
+            for field in ("shards", "eval_shards")
+            for name in cast(list[str], body.get(field, []))
+        }
+        body["etags"] = {name: etag for name, etag in etags.items() if name in named}
     model = body["model"]
     assert isinstance(model, dict)
     arch = model["arch"]

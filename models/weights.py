@@ -74,7 +74,7 @@ def _too_large(path: Path, size: int, max_bytes: int, *, grew: bool = False) -> 
     )
 
 
-def sha256_hex(data: bytes) -> str:
+def sha256_hex(data: bytes | bytearray) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
@@ -91,13 +91,18 @@ def save_weights(model: nn.Module, path: str | Path) -> str:
     return sha256_hex(blob)
 
 
-def load_weights(model: nn.Module, source: str | Path | bytes, *, sha256: str | None = None) -> str:
+def load_weights(
+    model: nn.Module, source: str | Path | bytes | bytearray, *, sha256: str | None = None
+) -> str:
     """Load safetensors weights (a path or the bytes) into ``model`` strictly; return their sha256.
+
+    A ``bytearray`` (a blob read into one buffer, as the Swift filter reads) is taken as bytes.
 
     When ``sha256`` is given, a blob with another digest raises :class:`ChecksumMismatchError`
     before anything is parsed.
     """
-    if isinstance(source, bytes):
+    blob: bytes | bytearray
+    if isinstance(source, bytes | bytearray):
         blob = source
     else:
         path = Path(source)
@@ -114,7 +119,8 @@ def load_weights(model: nn.Module, source: str | Path | bytes, *, sha256: str | 
         if expected != digest:
             raise ChecksumMismatchError(expected, digest)
     try:
-        state = st_load(blob)
+        # safetensors parses bytes only; the copy lives as long as the parse.
+        state = st_load(blob if isinstance(blob, bytes) else bytes(blob))
     except (SafetensorError, ValueError) as exc:
         raise WeightsError(f"not a safetensors blob: {exc}") from exc
     try:

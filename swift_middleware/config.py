@@ -62,6 +62,9 @@ class FilterConfig(BaseModel):
     b_min: Annotated[int, Field(ge=1)] = 25
     queue_limit: Annotated[int, Field(ge=1)] = 64
     request_timeout: Annotated[float, Field(gt=0)] = 600.0
+    # A client that takes no frame of its stream for this long is cut off: its slot and memory
+    # are freed instead of waiting on a reader that may never come back.
+    send_timeout: Annotated[float, Field(gt=0, le=86400)] = 60.0
     weights_cache_bytes: Annotated[int, Field(ge=0)] = 1 * GiB
     max_object_bytes: Annotated[int, Field(ge=1024)] = 1 * GiB
     max_weights_bytes: Annotated[int, Field(ge=1024)] = 2 * GiB

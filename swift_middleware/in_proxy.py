@@ -15,7 +15,13 @@ What is this module's own is how the core's effects are performed here:
   batch, timing) runs through ``eventlet.tpool.execute``: the proxy is one eventlet hub, and CPU
   or GPU work on it would stall every other request;
 * a request waiting for memory waits on an eventlet event, holding no thread; the planner's
-  rounds are eventlet timers. The scheduler is only ever touched from the hub.
+  rounds are eventlet timers. The scheduler is only ever touched from the hub;
+* object reads yield to the hub after every chunk (:func:`swift_access.read_object`), so a
+  plain GET through the proxy is answered while a large shard or weights file is read;
+* every wait is bounded: a request has ``request_timeout`` from its arrival for its slot
+  (:class:`~swift_middleware.slots.Slots`, at most ``queue_limit`` waiting), its reads and its
+  memory (503 ``queue_full`` / 504 ``timeout``, the core's answers); a client that takes no
+  frame for ``send_timeout`` is cut off, and its slot and memory are freed.
 
 torch and the core's compute modules are imported on the first in-proxy request only, so a
 proxy in decoupled mode never loads them.
@@ -23,6 +29,7 @@ proxy in decoupled mode never loads them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +51,7 @@ from hapi_contract import (
 from hapi_core.errors import InvalidRequestError
 from swift_middleware.config import Execution, FilterConfig
 from swift_middleware.hapi_request import HapiRequest, object_path
+from swift_middleware.slots import Slots
 from swift_middleware.swift_access import Logger, WsgiApp, read_object, stat_object
 
 if TYPE_CHECKING:
@@ -81,8 +89,10 @@ def _wait_for_memory(
     demand: Demand,
     pinned_bytes: int,
     refresh: Callable[[Demand], Demand],
+    deadline: float,
 ) -> Reservation:
-    """:meth:`DeviceScheduler.acquire` for a green thread: the same refusals and timeout."""
+    """:meth:`DeviceScheduler.acquire` for a green thread: the same refusals and timeout, the
+    timeout counted from the request's arrival (``deadline``, ``time.monotonic``)."""
     ready = Event()
 
     def wake() -> None:
@@ -91,7 +101,7 @@ def _wait_for_memory(
 
     with scheduler.waiting(demand, pinned_bytes, refresh, on_ready=wake) as ticket:
         try:
-            with eventlet.Timeout(scheduler.settings.request_timeout_s):
+            with eventlet.Timeout(max(0.0, deadline - time.monotonic())):
                 ready.wait()
         except eventlet.Timeout as exc:
             raise scheduler.timed_out(ticket) from exc
@@ -102,10 +112,14 @@ def _wait_for_memory(
 class _ProxyHost:
     """Performs a core flow's effects for one request, as its caller (see the module doc)."""
 
-    def __init__(self, req: Request, hapi: HapiRequest, app: WsgiApp) -> None:
+    def __init__(
+        self, req: Request, hapi: HapiRequest, app: WsgiApp, deadline: float, logger: Logger
+    ) -> None:
         self._env = req.environ
         self._account = hapi.account
         self._app = app
+        self.deadline = deadline
+        self._logger = logger
 
     def perform(self, effect: Effect) -> Any:
         from hapi_core import Compute, Get, GetMany, Head, ObjectInfo, Reserve
@@ -122,7 +136,7 @@ class _ProxyHost:
             case Compute(work):
                 return tpool.execute(work)
             case Reserve(scheduler, demand, pinned, refresh):
-                return _wait_for_memory(scheduler, demand, pinned, refresh)
+                return _wait_for_memory(scheduler, demand, pinned, refresh, self.deadline)
         raise TypeError(f"not an effect: {effect!r}")
 
     def _get(self, container: str, obj: str, max_bytes: int) -> StoredObject:
@@ -130,8 +144,13 @@ class _ProxyHost:
 
         path = object_path(self._account, container, obj)
         what = f"{container}/{obj}"
-        data, etag = read_object(self._env, self._app, path, what, limit=max_bytes)
-        return StoredObject(data, etag)
+        self._logger.debug("HAPI read of %s started", what)
+        data, etag = read_object(
+            self._env, self._app, path, what, limit=max_bytes, deadline=self.deadline
+        )
+        self._logger.debug("HAPI read of %s done: %d bytes", what, len(data))
+        # Held once, as read: bytes() would copy the whole object.
+        return StoredObject(data, etag)  # type: ignore[arg-type]  # bytes-like, read-only use
 
     def _get_many(self, effect: GetMany) -> list[StoredObject]:
         """Green threads, one GET subrequest each, at most ``effect.concurrency`` at once.
@@ -192,14 +211,31 @@ class _FrameStream:
         job: ExtractionJob,
         release_slot: Callable[[], None],
         logger: Logger,
+        send_timeout_s: float,
     ) -> None:
         self._rt = rt
         self._prep = prep
         self._job = job
         self._release_slot = release_slot
         self._logger = logger
+        self._send_timeout_s = send_timeout_s
         self._status = "499"  # the client left before the body started
+        self._sending = False
         self._closed = False
+
+    def _send(self, chunk: bytes) -> Iterator[bytes]:
+        """Hand ``chunk`` to the WSGI server, which must have written it within the send timeout.
+
+        The timer is armed only while this generator is suspended at ``yield``: the green
+        thread is then in the server's write of ``chunk`` to the client's socket (the proxy's
+        middlewares only pass chunks on), never inside Swift's memcached client or a subrequest,
+        where an exception thrown in could leak a pooled connection. ``eventlet.wsgi`` answers
+        the timeout as a failed write: it closes the connection and calls :meth:`close`.
+        """
+        self._sending = True
+        with eventlet.Timeout(self._send_timeout_s):
+            yield chunk
+        self._sending = False
 
     def __iter__(self) -> Iterator[bytes]:
         from hapi_core import JobStats, conclude, iter_frames, stream_error
@@ -210,15 +246,16 @@ class _FrameStream:
             frames = iter_frames(job, stats)
             while (frame := tpool.execute(next, frames, None)) is not None:
                 self._rt.metrics.bytes_streamed.labels("extract").inc(len(frame))
-                yield frame
-            yield job.encoder.end(meta=self._end_meta(conclude(self._rt, self._prep, job, stats)))
+                yield from self._send(frame)
+            end = job.encoder.end(meta=self._end_meta(conclude(self._rt, self._prep, job, stats)))
+            yield from self._send(end)
         except Exception as exc:  # noqa: BLE001 - the status line is gone: say it in a frame
             code, detail = stream_error(exc)
             self._status = str(code)
             self._logger.warning(
                 "%s failed after the response started: %r", self._prep.request_id, exc
             )
-            yield job.encoder.error(code, detail)
+            yield from self._send(job.encoder.error(code, detail))
         finally:
             self.close()
 
@@ -232,6 +269,14 @@ class _FrameStream:
             from hapi_core import finish
 
             self._closed = True
+            if self._sending:
+                self._status = "499"
+                self._logger.warning(
+                    "HAPI stream %s cut off: the client took no frame within %s s "
+                    "(send_timeout) or left",
+                    self._prep.request_id,
+                    self._send_timeout_s,
+                )
             finish(self._rt, self._prep, self._status)
             self._release_slot()
 
@@ -245,7 +290,11 @@ class InProxyExtractor:
         self.logger = logger
         self._runtime: CoreRuntime | None = None
         self._runtime_lock = Semaphore(1)
-        self._slots = Semaphore(config.max_concurrent)
+        self._slots = Slots(
+            config.max_concurrent,
+            queue_limit=config.queue_limit,
+            retry_after_s=config.retry_after,
+        )
 
     def runtime(self) -> CoreRuntime:
         """The core's runtime (torch, the devices, the planner), created in the pool on first use."""
@@ -271,9 +320,19 @@ class InProxyExtractor:
         # Every read is the caller's own, as on the HAPI server: no token, no extraction, even
         # from a public (.r:*) container.
         check_token(req.headers.get(HEADER_AUTH_TOKEN) or req.headers.get("X-Storage-Token"))
+        deadline = time.monotonic() + self.config.request_timeout
         rt = self.runtime()
-        host = _ProxyHost(req, hapi, self.app)
-        self._slots.acquire()
+        host = _ProxyHost(req, hapi, self.app, deadline, self.logger)
+        request_id = str(req.environ.get("swift.trans_id") or "")
+        self.logger.debug(
+            "HAPI request %s asks for a slot (%d of %d busy, %d waiting)",
+            request_id,
+            self._slots.busy,
+            self._slots.size,
+            self._slots.waiting,
+        )
+        self._slots.acquire(deadline, request_id)
+        self.logger.debug("HAPI request %s took a slot", request_id)
         try:
             if hapi.operation == "timings":
                 return self._time(rt, host, _validate(hapi.body, TimingsRequest))
@@ -318,7 +377,9 @@ class InProxyExtractor:
         req.environ["eventlet.minimum_write_chunk_size"] = 0
         return Response(
             status=200,
-            app_iter=_FrameStream(rt, prep, job, self._slots.release, self.logger),
+            app_iter=_FrameStream(
+                rt, prep, job, self._slots.release, self.logger, self.config.send_timeout
+            ),
             content_type=CONTENT_TYPE_FRAMES,
             headers=headers,
         )

@@ -7,6 +7,8 @@ pipeline is covered by ``test_mw_in_place.py``, a refusal among reads in flight 
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -66,7 +68,7 @@ def _host(app: FakePipeline) -> _ProxyHost:
         f"/v1/{ACCOUNT}/index/part.jsonl", method="POST", environ={"REMOTE_USER": "test:tester"}
     )
     hapi = HapiRequest("extract", ACCOUNT, "index", "part.jsonl", {})
-    return _ProxyHost(req, hapi, app)
+    return _ProxyHost(req, hapi, app, time.monotonic() + 60, logging.getLogger("hapi-test"))
 
 
 def test_subrequests_are_the_callers_in_order_and_at_most_concurrency_at_once() -> None:

@@ -3,8 +3,17 @@
 A round runs when an unplanned request waits and memory is free: after a short window that
 gathers requests arriving together, :func:`hapi_core.solver.solve` picks every waiting
 request's COS batch size against the free memory (total - framework reserve - running requests
-- resident weights - other processes). Deferred requests wait for the next round, which the end
-of any running request triggers.
+- resident weights - memory outside the plan: other processes on a GPU, this process's
+resident memory beyond what is planned on a CPU). Deferred requests wait for the next round,
+which the end of any running request triggers.
+
+Fairness (the solver's rule, :mod:`hapi_core.solver`): first come, first served while the
+oldest waiter (the head) can be placed once the running requests end; when it waits for memory
+that no running request frees (weights pinned by the requests behind it, memory outside the
+plan), the requests behind it that fit are planned meanwhile, so the queue moves whenever some
+request fits. A head that cannot fit even with nothing else running or waiting (its own pinned
+weights and the memory outside the plan taken off the capacity) is refused with a 507 at the
+next round, never left to time out.
 
 The scheduler itself never blocks and is used from one thread: the HAPI server's event loop, or
 the Swift proxy's eventlet hub. How a request waits for its round is the caller's: the server
@@ -26,10 +35,17 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from .devices import HOST_MEMORY, Device, HostMemoryProbe, external_used_bytes
-from .errors import InsufficientMemoryError, QueueFullError, RequestTimeoutError
+from .errors import HapiCoreError, InsufficientMemoryError, QueueFullError, RequestTimeoutError
 from .metrics import Metrics
 from .settings import CoreSettings
-from .solver import Demand, InfeasibleRequestError, check_feasible_alone, effective_b_min, solve
+from .solver import (
+    Demand,
+    InfeasibleRequestError,
+    Plan,
+    check_feasible_alone,
+    effective_b_min,
+    solve,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +92,10 @@ class Ticket:
     on_ready: Callable[[], None]
     refresh: Callable[[Demand], Demand] | None = None
     reservation: Reservation | None = None
+    pinned_bytes: int = 0
+    """Resident weights the request keeps pinned while it waits (see :meth:`submit`)."""
+    refusal: HapiCoreError | None = None
+    """Set (and ``on_ready`` called) when a round finds the request can never be placed."""
 
 
 @dataclass
@@ -95,6 +115,9 @@ class DeviceScheduler:
     host_memory: HostMemoryProbe = field(default_factory=lambda: HOST_MEMORY)
     """Told of every admission and release: it measures a batch only while its request runs
     alone in the process."""
+    process_memory: Callable[[], int] | None = None
+    """This process's resident bytes, for a CPU device (None: not counted). What it holds
+    beyond the reserve, the planned requests and the resident weights is occupied too."""
 
     @property
     def load(self) -> int:
@@ -106,13 +129,24 @@ class DeviceScheduler:
         return max(0, self.device.total_bytes - self.settings.framework_reserve_bytes)
 
     def occupied_bytes(self) -> int:
-        running = sum(r.planned_bytes for r in self._running.values())
-        return (
-            self.settings.framework_reserve_bytes
-            + running
-            + self._resident()
-            + external_used_bytes(self.device)
-        )
+        planned = self.settings.framework_reserve_bytes + self._planned() + self._resident()
+        return planned + self.unplanned_bytes(planned)
+
+    def unplanned_bytes(self, planned: int | None = None) -> int:
+        """Memory in use that no plan accounts for: other processes' on a GPU (NVML); on a CPU,
+        this process's resident memory beyond the reserve, the planned requests and the
+        resident weights (``planned``), so nothing is counted twice: what earlier requests
+        left behind in the allocator, reads and copies not yet planned, the host itself."""
+        if self.device.is_cuda:
+            return external_used_bytes(self.device)
+        if self.process_memory is None:
+            return 0
+        if planned is None:
+            planned = self.settings.framework_reserve_bytes + self._planned() + self._resident()
+        return max(0, self.process_memory() - planned)
+
+    def _planned(self) -> int:
+        return sum(r.planned_bytes for r in self._running.values())
 
     def free_bytes(self) -> int:
         return max(0, self.device.total_bytes - self.occupied_bytes())
@@ -158,6 +192,9 @@ class DeviceScheduler:
         except BaseException:
             self.settle(ticket, served=False)
             raise
+        if ticket.refusal is not None:
+            self.settle(ticket, served=False)
+            raise ticket.refusal
         self.settle(ticket, served=True)
 
     def submit(
@@ -179,28 +216,14 @@ class DeviceScheduler:
         planned to load its model asks for those bytes no more once another request has made
         that model resident (the cache counts it then).
         """
-        ticket = Ticket(demand, on_ready, refresh)
+        ticket = Ticket(demand, on_ready, refresh, pinned_bytes=pinned_bytes)
         if not self.settings.adaptation:
             ticket.reservation = self._admit(demand, demand.b_max)
             on_ready()
             return ticket
         # Weights the request holds (pinned, resident) or will load (its model_bytes) are
         # never freed for it: they come off the capacity, and the samples must fit the rest.
-        weights = pinned_bytes + demand.model_bytes
-        try:
-            check_feasible_alone(
-                dataclasses.replace(demand, model_bytes=0), max(0, self.capacity_bytes - weights)
-            )
-        except InfeasibleRequestError as exc:
-            held = (
-                f" (its model's weights hold {weights} of the device's "
-                f"{self.capacity_bytes} usable bytes)"
-                if weights
-                else ""
-            )
-            raise InsufficientMemoryError(
-                f"{exc}{held}; lower b_max or the split index, or raise the device budget"
-            ) from exc
+        self._check_placeable(demand, pinned_bytes)
         if len(self._waiting) >= self.settings.queue_limit:
             raise QueueFullError(
                 f"{self.device.name}: {len(self._waiting)} requests already wait (queue_limit)",
@@ -210,6 +233,27 @@ class DeviceScheduler:
         self._publish()
         self._kick()
         return ticket
+
+    def _check_placeable(self, demand: Demand, pinned_bytes: int) -> None:
+        """507 unless ``demand`` fits the capacity less its own weights and the memory outside
+        the plan (measured now: what nothing here will free)."""
+        weights = pinned_bytes + demand.model_bytes
+        outside = self.unplanned_bytes()
+        try:
+            check_feasible_alone(
+                dataclasses.replace(demand, model_bytes=0),
+                max(0, self.capacity_bytes - weights - outside),
+            )
+        except InfeasibleRequestError as exc:
+            held = [
+                f"its model's weights hold {weights}" if weights else "",
+                f"{outside} are in use outside the plan" if outside else "",
+            ]
+            why = "; ".join(h for h in held if h)
+            detail = f" ({why} of the device's {self.capacity_bytes} usable bytes)" if why else ""
+            raise InsufficientMemoryError(
+                f"{exc}{detail}; lower b_max or the split index, or raise the device budget"
+            ) from exc
 
     def settle(self, ticket: Ticket, *, served: bool) -> Reservation | None:
         """End ``ticket``'s wait: its reservation when ``served``; otherwise (timed out,
@@ -272,13 +316,16 @@ class DeviceScheduler:
         if pending:
             for t in pending:
                 if t.refresh is not None:
+                    before = t.demand.model_bytes
                     t.demand = t.refresh(t.demand)
+                    # A load no longer planned is a resident model now pinned for the request.
+                    t.pinned_bytes += max(0, before - t.demand.model_bytes)
             start = time.perf_counter()
-            plan = solve([t.demand for t in pending], self.free_bytes())
+            plan = self._solve(pending)
             decision = time.perf_counter() - start
             if plan.deferred and self.evict_idle is not None and self.evict_idle(self.device) > 0:
                 start = time.perf_counter()
-                plan = solve([t.demand for t in pending], self.free_bytes())
+                plan = self._solve(pending)
                 decision = time.perf_counter() - start
             self.metrics.adaptation_seconds.labels(self.device.name).observe(decision)
             for t in pending:
@@ -286,6 +333,13 @@ class DeviceScheduler:
                 if batch is not None:
                     t.reservation = self._admit(t.demand, batch)
                     t.on_ready()
+            if plan.backfilled:
+                log.info(
+                    "%s: %s waits for memory no running request frees; planned behind it: %s",
+                    self.device.name,
+                    plan.head,
+                    ", ".join(plan.backfilled),
+                )
             if plan.deferred:
                 log.info(
                     "%s: %d request(s) deferred to the next round (free %d bytes): %s",
@@ -294,14 +348,38 @@ class DeviceScheduler:
                     plan.free_bytes,
                     ", ".join(plan.deferred),
                 )
+            if not self._running:
+                self._refuse_unplaceable(pending)
         if not self._running and any(t.reservation is None for t in self._waiting.values()):
-            # Nothing running means no release will come: only memory held by other
-            # processes can be in the way, so look again shortly.
+            # Nothing running means no release will come: only memory outside the plan can be
+            # in the way, so look again shortly.
             self.timers.call_later(0.05, self._kick)
+
+    def _solve(self, pending: list[Ticket]) -> Plan:
+        # What ending the running requests gives back: their planned memory and the weights
+        # that no waiting request pins (a weight pinned by two waiters counts twice, which only
+        # makes backfilling come sooner).
+        pins = sum(t.pinned_bytes for t in self._waiting.values())
+        reclaimable = self._planned() + max(0, self._resident() - pins)
+        return solve([t.demand for t in pending], self.free_bytes(), reclaimable)
+
+    def _refuse_unplaceable(self, pending: list[Ticket]) -> None:
+        """With nothing running, a waiter that does not fit the capacity less its own weights
+        and the memory outside the plan never will: 507 now rather than a 504 later."""
+        for t in pending:
+            if t.reservation is not None or t.refusal is not None:
+                continue
+            try:
+                self._check_placeable(t.demand, t.pinned_bytes)
+            except InsufficientMemoryError as exc:
+                t.refusal = exc
+                self._waiting.pop(t.demand.request_id, None)
+                self._publish()
+                t.on_ready()
 
     def _publish(self) -> None:
         name = self.device.name
-        planned = sum(r.planned_bytes for r in self._running.values())
+        planned = self._planned()
         resident = self._resident()
         self._planned_peak = max(self._planned_peak, planned + resident)
         self.metrics.queue_depth.labels(name).set(len(self._waiting))

@@ -11,11 +11,24 @@ constraint's left side, so any plan that fills the free memory, or gives everyon
 optimal. The closed form below does exactly that in O(n log n), where the thesis ran a MILP
 solver (PuLP + CBC, about 25 ms):
 
-1. Feasibility: if ``sum_r (b_min_r * d_r + m_r) > free``, take out one request and retry.
-   **Fairness rule: the most recently arrived request is taken out** (ties: the one with the
-   larger minimum footprint), so service is first-come first-served and a request that waits
-   keeps its arrival time and only gets older: it cannot starve behind later arrivals.
-   Taken-out requests wait for the next round (memory freed by a finishing request).
+1. Feasibility: the requests are taken in arrival order (ties: the smaller minimum footprint
+   first) and the longest prefix whose ``sum_r (b_min_r * d_r + m_r)`` fits is planned. The
+   first request that does not fit is the *head*. **Fairness rule:**
+
+   * If the head could be placed once the requests already running end (its minimum
+     footprint is at most ``free`` plus the ``reclaimable`` memory those requests give back),
+     every later request waits too: memory freed by finishing requests goes to the oldest
+     waiter first, so service is first-come first-served and a request that waits only gets
+     older; it cannot starve behind later arrivals.
+   * Otherwise the head waits for memory that no running request will free (weights pinned by
+     requests that wait behind it, memory outside the plan): later requests that fit in what
+     is left are planned now, in arrival order (*backfilling*). The queue moves whenever some
+     request fits, so a small request of another user is never timed out behind a large one
+     that cannot be placed; the requests planned so run, end, and unpin what the head needs.
+     Once something runs, the first case applies again and the head is first in line.
+
+   ``reclaimable=None`` (the default) means that running requests may free anything: pure
+   first-come first-served. Taken-out requests wait for the next round.
 2. Sharing: the memory left after everyone's b_min is water-filled in bytes: every request gets
    an equal byte share of the remainder, capped at b_max, and what a capped request cannot use is
    re-shared among the others. Byte-equal shares mean a request with heavy samples gets fewer
@@ -56,19 +69,22 @@ class Demand:
     b_min: int
     b_max: int
     arrival: float
+    input_bytes: int = 0
+    """Bytes of stored objects the request holds while it runs (its shard or part, read only
+    once this memory is planned): a constant term, like ``model_bytes``."""
 
     def __post_init__(self) -> None:
         if self.bytes_per_sample < 1:
             raise ValueError(f"{self.request_id}: bytes_per_sample must be >= 1")
-        if self.model_bytes < 0:
-            raise ValueError(f"{self.request_id}: model_bytes must be >= 0")
+        if self.model_bytes < 0 or self.input_bytes < 0:
+            raise ValueError(f"{self.request_id}: model_bytes and input_bytes must be >= 0")
         if not 1 <= self.b_min <= self.b_max:
             raise ValueError(
                 f"{self.request_id}: need 1 <= b_min <= b_max, got {self.b_min}, {self.b_max}"
             )
 
     def footprint(self, batch: int) -> int:
-        return batch * self.bytes_per_sample + self.model_bytes
+        return batch * self.bytes_per_sample + self.model_bytes + self.input_bytes
 
 
 @dataclass(frozen=True)
@@ -79,6 +95,11 @@ class Plan:
     """request ids taken out by the fairness rule, to be planned in a later round."""
     planned_bytes: int
     free_bytes: int
+    head: str | None = None
+    """The oldest request left waiting (None: everyone was planned)."""
+    backfilled: tuple[str, ...] = ()
+    """Requests planned ahead of ``head`` because it waits for memory no running request
+    frees (the fairness rule's second case)."""
 
 
 def effective_b_min(b_min: int, b_max: int) -> int:
@@ -86,20 +107,40 @@ def effective_b_min(b_min: int, b_max: int) -> int:
     return min(b_min, b_max)
 
 
-def solve(demands: Sequence[Demand], free_bytes: int) -> Plan:
-    """Choose COS batch sizes for ``demands`` sharing ``free_bytes`` of one device."""
+def solve(demands: Sequence[Demand], free_bytes: int, reclaimable_bytes: int | None = None) -> Plan:
+    """Choose COS batch sizes for ``demands`` sharing ``free_bytes`` of one device.
+
+    ``reclaimable_bytes``: what the requests already running give back when they end (None:
+    unbounded, pure first-come first-served); see the fairness rule in the module doc."""
     free = max(0, int(free_bytes))
-    # Sorted so that the fairness rule's next victim (latest arrival; ties: larger minimum
-    # footprint) is always the last element: taking out is a pop and a subtraction, O(n) in all.
-    active = sorted(demands, key=lambda d: (d.arrival, d.footprint(d.b_min)))
-    need = sum(d.footprint(d.b_min) for d in active)
-    deferred: list[str] = []
-    while active and need > free:
-        victim = active.pop()
-        need -= victim.footprint(victim.b_min)
-        deferred.append(victim.request_id)
+    # Arrival order (ties: smaller minimum footprint first) is the order of service.
+    order = sorted(demands, key=lambda d: (d.arrival, d.footprint(d.b_min)))
+    active: list[Demand] = []
+    need = 0
+    for d in order:
+        if need + d.footprint(d.b_min) > free:
+            break
+        active.append(d)
+        need += d.footprint(d.b_min)
+    rest = order[len(active) :]
+    head = rest[0] if rest else None
+    backfilled: list[Demand] = []
+    if head is not None and (
+        reclaimable_bytes is not None
+        and head.footprint(head.b_min) > free + max(0, reclaimable_bytes)
+    ):
+        for d in rest[1:]:
+            if need + d.footprint(d.b_min) <= free:
+                backfilled.append(d)
+                need += d.footprint(d.b_min)
+        active = sorted(active + backfilled, key=lambda d: (d.arrival, d.footprint(d.b_min)))
+    planned_ids = {d.request_id for d in active}
+    # Latest arrival first, as the rule takes them out.
+    deferred = [d.request_id for d in reversed(rest) if d.request_id not in planned_ids]
+    head_id = head.request_id if head is not None else None
+    ahead = tuple(d.request_id for d in backfilled)
     if not active:
-        return Plan({}, deferred, 0, free)
+        return Plan({}, deferred, 0, free, head_id, ahead)
 
     batches = {d.request_id: d.b_min for d in active}
     remaining = free - need
@@ -135,7 +176,7 @@ def solve(demands: Sequence[Demand], free_bytes: int) -> Plan:
                 progressed = True
 
     planned = sum(d.footprint(batches[d.request_id]) for d in active)
-    return Plan(batches, deferred, planned, free)
+    return Plan(batches, deferred, planned, free, head_id, ahead)
 
 
 def check_feasible_alone(demand: Demand, capacity_bytes: int) -> None:

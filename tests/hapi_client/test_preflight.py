@@ -204,7 +204,9 @@ def test_a_request_sent_during_an_outage_gets_only_what_is_left_of_the_budget(
     with pytest.raises(ServerUnavailableError) as second:
         transport.extract(req)
     transport.close()
-    assert "(1 attempt over" in str(second.value)  # the outage's budget was already spent
+    # The outage's budget was already spent: one attempt, and the outage's own count and time.
+    assert "(1 attempt, " in str(second.value)
+    assert "in all since the outage began, over" in str(second.value)
 
 
 #: What the faulty server answers every request with, by mode: a 500, or a 200 whose body stops

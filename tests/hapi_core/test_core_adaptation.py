@@ -240,3 +240,106 @@ async def test_without_adaptation_every_request_runs_at_b_max() -> None:
     assert [r.batch_size for r in got] == [90, 90, 90]
     # Nothing checked it: the plan is three times over the device.
     assert sample(s, "hapi_planned_memory_bytes") == 270 * KB
+
+
+# --- Head-of-line: a head waiting for weights that a request behind it pins ----------------------
+
+
+class FakeWeights:
+    """The weights cache as the scheduler sees it: one resident model and who pins it."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.users = 0
+        self.resident = True
+
+    def resident_bytes(self, _device: Device) -> int:
+        return self.nbytes if self.resident else 0
+
+    def evict_idle(self, _device: Device) -> int:
+        if self.resident and self.users == 0:
+            self.resident = False
+            return self.nbytes
+        return 0
+
+
+async def test_a_head_blocked_by_weights_pinned_behind_it_does_not_block_the_queue() -> None:
+    s = scheduler(total=100 * KB)
+    cache = FakeWeights(60 * KB)
+    s.resident_weights, s.evict_idle = cache.resident_bytes, cache.evict_idle
+    # A cached 60 kB model is pinned by a request that reads its shard (it queues later).
+    cache.users = 1
+    large = asyncio.create_task(s.acquire(demand("large", b_min=50, b_max=50)))
+    await settle()
+    # 40 kB are free; "large" needs 50 and nothing runs that could free them.
+    small = asyncio.create_task(s.acquire(demand("small-other-user", b_min=5, b_max=5)))
+    pinner = asyncio.create_task(
+        s.acquire(demand("pinner", b_min=10, b_max=10), pinned_bytes=60 * KB)
+    )
+    await settle()
+    # Before: "large" was at the head, everyone waited until request_timeout (504 for all).
+    assert small.done() and pinner.done() and not large.done()
+    assert small.result().batch_size == 5 and pinner.result().batch_size == 10
+    # Once they end, the pin is gone, the model is evicted and the head is placed.
+    s.release(small.result())
+    await settle()
+    assert not large.done()  # something runs: its pin is not released yet
+    cache.users = 0
+    s.release(pinner.result())
+    got = await asyncio.wait_for(large, 10)
+    assert got.batch_size == 50 and not cache.resident
+
+
+# --- The process's own resident memory (CPU) ---------------------------------------------------
+
+
+class FakeProcess:
+    """This process's resident bytes, as /proc/self/statm would say."""
+
+    def __init__(self, rss: int) -> None:
+        self.rss = rss
+
+    def __call__(self) -> int:
+        return self.rss
+
+
+async def test_resident_memory_beyond_the_plan_counts_on_a_cpu() -> None:
+    s = scheduler(total=100 * KB, framework_reserve_bytes=10 * KB)
+    process = FakeProcess(40 * KB)
+    s.process_memory = process
+    # 40 kB resident, 10 kB of them the reserve: 30 kB outside the plan.
+    assert s.unplanned_bytes() == 30 * KB and s.free_bytes() == 60 * KB
+    got = await s.acquire(demand("a", b_min=10, b_max=100))
+    assert got.batch_size == 60  # before: 90, 30 kB over the budget
+    # Planned memory in use is not counted twice: RSS grows by what the plan holds.
+    process.rss += 60 * KB
+    assert s.unplanned_bytes() == 30 * KB and s.free_bytes() == 0
+    # A request that cannot fit beside what the process holds is 507 at once.
+    s.release(got)
+    with pytest.raises(InsufficientMemoryError) as info:
+        await s.acquire(demand("b", b_min=70, b_max=70))
+    assert "outside the plan" in info.value.detail
+
+
+async def test_a_waiter_that_can_never_fit_is_507_not_504() -> None:
+    s = scheduler(total=100 * KB)
+    process = FakeProcess(0)
+    s.process_memory = process
+    holder = await s.acquire(demand("holder", b_min=60, b_max=60))
+    process.rss = 60 * KB
+    large = asyncio.create_task(s.acquire(demand("large", b_min=50, b_max=50)))
+    small = asyncio.create_task(s.acquire(demand("small", b_min=5, b_max=5)))
+    await settle()
+    assert not large.done() and not small.done()
+    # The holder ends but its memory stays with the process (the allocator keeps it): 60 kB
+    # outside the plan. "large" cannot be placed by any release: "small" is served meanwhile.
+    s.release(holder)
+    await settle()
+    got = small.result()
+    assert got.batch_size == 5 and not large.done()
+    # Nothing runs any more and "large" still does not fit: 507, not a 504 after the timeout.
+    s.release(got)
+    await settle()
+    assert large.done() and isinstance(large.exception(), InsufficientMemoryError)
+    assert "outside the plan" in large.exception().detail  # type: ignore[union-attr]
+    assert sample(s, "hapi_queue_depth") == 0 and s.load == 0

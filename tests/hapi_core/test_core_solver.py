@@ -254,3 +254,70 @@ def test_effective_b_min_and_feasibility_alone() -> None:
 def test_demand_rejects_nonsense(d: int, model: int, b_min: int, b_max: int) -> None:
     with pytest.raises(ValueError):
         Demand("x", d, model, b_min, b_max, 0.0)
+
+
+# --- The fairness rule's second case: a head that no release can place -----------------------
+
+
+def test_a_head_no_release_can_place_lets_the_requests_that_fit_run() -> None:
+    # "old" needs 100 kB; 50 kB are free and the running requests give nothing back (the rest
+    # is pinned by waiters or outside the plan): waiting for a release would wait forever.
+    demands = [
+        demand("old", 1_000, b_min=100, b_max=100, arrival=1.0),
+        demand("small", 1_000, b_min=10, b_max=10, arrival=2.0),
+        demand("big", 1_000, b_min=45, b_max=45, arrival=3.0),
+        demand("tiny", 1_000, b_min=5, b_max=5, arrival=4.0),
+    ]
+    plan = solve(demands, 50_000, reclaimable_bytes=0)
+    # In arrival order, each one that still fits: "big" does not fit beside "small".
+    assert plan.batches == {"small": 10, "tiny": 5}
+    assert plan.deferred == ["big", "old"]
+    assert plan.head == "old" and plan.backfilled == ("small", "tiny")
+    assert plan.planned_bytes == 15_000
+
+
+def test_a_head_that_releases_will_place_keeps_first_come_first_served() -> None:
+    demands = [
+        demand("old", 1_000, b_min=100, b_max=100, arrival=1.0),
+        demand("new", 1_000, b_min=1, b_max=1, arrival=2.0),
+    ]
+    # 50 kB free + 50 kB the running requests give back = the head's 100 kB: everyone waits.
+    plan = solve(demands, 50_000, reclaimable_bytes=50_000)
+    assert plan.batches == {} and plan.deferred == ["new", "old"] and plan.backfilled == ()
+    # One byte short of it: the head cannot be placed by any release, "new" runs meanwhile.
+    plan = solve(demands, 50_000, reclaimable_bytes=49_999)
+    assert plan.batches == {"new": 1} and plan.deferred == ["old"] and plan.head == "old"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_backfilled_plans_keep_the_budget_and_the_order(seed: int) -> None:
+    rng = random.Random(seed)
+    for _ in range(200):
+        demands = random_demands(rng, rng.randint(2, 12))
+        free = rng.randint(0, 400 * MiB)
+        plan = solve(demands, free, reclaimable_bytes=0)
+        by_id = {d.request_id: d for d in demands}
+        assert set(plan.batches) | set(plan.deferred) == set(by_id)
+        assert plan.planned_bytes == sum(by_id[r].footprint(b) for r, b in plan.batches.items())
+        assert plan.planned_bytes <= free
+        # The arrival-order prefix that fits; then, if the head does not fit even alone (the
+        # prefix's end would not place it), first fit in arrival order behind it.
+        need, head = 0, None
+        for d in sorted(demands, key=lambda d: (d.arrival, d.footprint(d.b_min))):
+            fits = need + d.footprint(d.b_min) <= free
+            if head is None and not fits:
+                head = d
+            elif head is not None and head.footprint(head.b_min) <= free:
+                fits = False  # first come, first served behind a head that will be placed
+            assert (d.request_id in plan.batches) == fits, d.request_id
+            need += d.footprint(d.b_min) if fits else 0
+        assert plan.head == (head.request_id if head is not None else None)
+
+
+def test_input_bytes_are_a_constant_term() -> None:
+    d = Demand("a", 1_000, 5_000, 1, 100, 0.0, input_bytes=20_000)
+    assert d.footprint(10) == 35_000
+    plan = solve([d], 45_000)
+    assert plan.batches == {"a": 20} and plan.planned_bytes == 45_000
+    with pytest.raises(ValueError, match="input_bytes"):
+        Demand("b", 1, 0, 1, 1, 0.0, input_bytes=-1)

@@ -22,6 +22,7 @@ The recipe (:func:`~hapi_client.finetune.run_finetune`), :class:`~hapi_client.Fe
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import time
@@ -34,6 +35,7 @@ import httpx
 from swiftclient.client import ClientException, Connection
 
 from hapi_contract import HEALTH_PATH, MANIFEST_NAME, InvalidManifestError, parse_manifest
+from hapi_contract.layouts import image_kind_of_name
 
 from .errors import (
     ConfigurationError,
@@ -58,6 +60,9 @@ status = logging.getLogger("hapi_client.status")
 PREFLIGHT_TIMEOUT_S = 10.0
 
 _STACK_UP = "is the stack up? run `hapi stack up`"
+# Enough for a hint; one listing request each, only on the way to a refusal.
+_LISTED_CONTAINERS = 1000
+_LISTED_OBJECTS = 100
 
 
 @dataclass
@@ -160,6 +165,30 @@ def _refused(exc: ClientException, creds: SwiftCredentials, what: str) -> HapiCl
     )
 
 
+def _similar_container(conn: Connection, container: str) -> str:
+    """``; did you mean 'X'?`` for a mistyped container name, from the account's listing."""
+    try:
+        _, listing = conn.get_account(limit=_LISTED_CONTAINERS)
+    except ClientException:  # a hint only: the 404 is the answer
+        return ""
+    close = difflib.get_close_matches(container, [c["name"] for c in listing], n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _layout_seen(conn: Connection, container: str) -> str:
+    """The in-place layout the first objects of a container without a manifest suggest."""
+    try:
+        _, listing = conn.get_container(container, limit=_LISTED_OBJECTS)
+    except ClientException:
+        return "folder|webdataset"
+    names = [row["name"] for row in listing]
+    if any(name.lower().endswith((".tar", ".tar.gz", ".tgz")) for name in names):
+        return "webdataset"
+    if any(image_kind_of_name(name) is not None for name in names):
+        return "folder"
+    return "folder|webdataset"
+
+
 def _dataset(conn: Connection, creds: SwiftCredentials, container: str) -> tuple[int, int]:
     upload = f"`hapi upload dataset --source SPEC --container {container}`"
     try:
@@ -167,17 +196,19 @@ def _dataset(conn: Connection, creds: SwiftCredentials, container: str) -> tuple
     except ClientException as exc:
         if exc.http_status == 404:
             raise SwiftAccessError(
-                f"dataset container {container} does not exist in Swift (404): upload it with "
-                f"{upload}"
+                f"dataset container {container} does not exist in Swift (404)"
+                f"{_similar_container(conn, container)}: upload a dataset with {upload}"
             ) from exc
         raise _refused(exc, creds, f"container {container}") from exc
     try:
         _, body = conn.get_object(container, MANIFEST_NAME)
     except ClientException as exc:
         if exc.http_status == 404:
+            index = f"`hapi dataset index --container {container} --layout {_layout_seen(conn, container)}`"
             raise SwiftAccessError(
-                f"container {container} holds no dataset ({MANIFEST_NAME} is missing: never "
-                f"uploaded, or the upload was interrupted): upload it with {upload}"
+                f"container {container} holds no dataset ({MANIFEST_NAME} is missing): index "
+                f"the images or WebDataset shards it holds in place with {index}, or upload a "
+                f"dataset with {upload} (an interrupted upload or index: run it again)"
             ) from exc
         raise _refused(exc, creds, f"{container}/{MANIFEST_NAME}") from exc
     try:

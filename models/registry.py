@@ -151,8 +151,22 @@ def get_spec(name: str) -> ModelSpec:
                 spec = _RESOLVED.setdefault(name, spec)
                 break
     if spec is None:
-        raise UnknownModelError(name, sorted(_REGISTRY))
+        raise _unknown(name)
     return spec
+
+
+def _unknown(name: str) -> UnknownModelError:
+    """The error for ``name``, whose "did you mean" is a name of the same family."""
+    if name.startswith("timm/"):
+        # Not the registry's names: "timm/resnet18dd" must suggest "timm/resnet18d", not
+        # "resnet18", a torchvision network of another family.
+        import timm  # noqa: PLC0415
+
+        known = ["timm/" + model for model in timm.list_models()]
+        return UnknownModelError(
+            name, known, detail="timm knows no such model: timm.list_models() lists them"
+        )
+    return UnknownModelError(name, sorted(_REGISTRY))
 
 
 def get_model(

@@ -72,3 +72,9 @@ def test_the_same_model_again_says_nothing_was_sent(
     conn = _Conn({"alexnet.json": json.dumps({"sha256": _NEW}).encode()})
     out = _run(monkeypatch, capsys, conn, uploaded=False)
     assert "  already stored, nothing sent in " in out
+
+
+def test_a_mistyped_timm_name_gets_a_timm_suggestion(capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 28, case 9: the suggestion kept its family ("resnet18" was suggested before).
+    assert main(["upload", "model", "--arch", "timm/resnet18dd"]) == 2
+    assert "did you mean 'timm/resnet18d'?" in capsys.readouterr().err

@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -294,3 +295,27 @@ def test_the_error_names_the_cause_that_was_seen(
         server.stop()
     message = _one_line(failed.value)
     assert cause in message and "likely down" not in message
+
+
+def test_a_mistyped_container_gets_a_did_you_mean(client_env: ClientEnv) -> None:
+    model = client_env.models["efficientnet_lite0"].name
+    mistyped = client_env.train.replace("train", "trian")
+    with client_env.client() as client, pytest.raises(SwiftAccessError) as refused:
+        preflight(client, model=model, containers=[mistyped])
+    message = _one_line(refused.value)
+    assert f"{mistyped} does not exist" in message
+    assert f"did you mean {client_env.train!r}?" in message
+
+
+def test_images_without_a_manifest_name_hapi_dataset_index(client_env: ClientEnv) -> None:
+    conn = client_env.stack.connection()
+    container = f"loose-photos-{uuid.uuid4().hex[:8]}"
+    conn.put_container(container)
+    conn.put_object(container, "train/cat/0001.jpg", b"\xff\xd8\xff not read here")
+    conn.close()
+    model = client_env.models["efficientnet_lite0"].name
+    with client_env.client() as client, pytest.raises(SwiftAccessError) as refused:
+        preflight(client, model=model, containers=[container])
+    message = _one_line(refused.value)
+    assert f"`hapi dataset index --container {container} --layout folder`" in message
+    assert "`hapi upload dataset" in message

@@ -3,6 +3,13 @@
 Reads and logins that fail for a reason that can pass (no answer, a 5xx: a restarting proxy,
 object server or memcached) are retried on the client's time budget (:mod:`hapi_client.retry`);
 refusals (401, 403, 404) are final at once.
+
+Logins are single-flight: one thread logs in while the others that need a token wait for its
+outcome (token or error), bounded by the budget plus one attempt's timeout. No lock is held
+across the retries, so a thread that still has a valid token is never held up by a login, and
+every thread that needed the failed login gets its error when the budget is spent, not one
+budget after another. The login has an outage of its own, ended only by a successful login: a
+read or an extraction that succeeds meanwhile does not restart the login's budget.
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.client import HTTPException
 from typing import TypeVar
 
@@ -29,6 +36,8 @@ status = logging.getLogger("hapi_client.status")
 
 #: Longest a bandwidth probe reads (it stops earlier at its byte count).
 PROBE_SECONDS = 2.0
+#: Socket timeout of one Swift request (swiftclient's ``timeout``): the most one attempt takes.
+ATTEMPT_TIMEOUT_S = 60.0
 
 _T = TypeVar("_T")
 
@@ -44,7 +53,11 @@ class SwiftCredentials:
     def connection(self, *, retries: int = 2) -> Connection:
         """A swiftclient connection; ``retries`` are swiftclient's own (count-based) retries."""
         return Connection(
-            authurl=self.auth_url, user=self.user, key=self.key, retries=retries, timeout=60
+            authurl=self.auth_url,
+            user=self.user,
+            key=self.key,
+            retries=retries,
+            timeout=ATTEMPT_TIMEOUT_S,
         )
 
 
@@ -116,6 +129,23 @@ def _describe(
 _AUTH = "the auth endpoint"
 
 
+def _fresh(exc: Exception) -> Exception:
+    """A copy of ``exc`` with the same type, message and attributes (and no traceback)."""
+    new = type(exc).__new__(type(exc), *exc.args)
+    new.args = exc.args
+    new.__dict__.update(exc.__dict__)
+    return new
+
+
+@dataclass
+class _Login:
+    """One login in flight: its outcome, for the threads that wait on it."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    result: tuple[str, str] | None = None
+    error: BaseException | None = None
+
+
 def short_reason(exc: BaseException) -> str:
     """One line for a failed attempt: the kind of failure where it is known, else the
     exception's own (shortened) text, never urllib3's nested reprs."""
@@ -153,11 +183,15 @@ class SwiftSession:
         self.throttle = throttle
         self.retry = retry or RetryPolicy()
         self._local = threading.local()
+        # Guards the token and the login in flight; never held across a request.
         self._auth_lock = threading.Lock()
+        self._login: _Login | None = None
         self._storage_url: str | None = None
         self._token: str | None = None
-        #: Swift's current outage, shared by every read and login of this session.
+        #: Swift's current outage for object reads, shared by every read of this session.
         self.outage = Outage()
+        #: The auth endpoint's current outage: only a successful login ends it.
+        self.auth_outage = Outage()
 
     def _conn(self) -> Connection:
         # No retries of swiftclient's own: this session retries on its time budget instead.
@@ -173,6 +207,7 @@ class SwiftSession:
         """``attempt()`` until it succeeds, a final error, or the retry budget is spent."""
         clock = clock or self.retry.clock(f"Swift request for {what}", self.outage)
         while True:
+            clock.attempt()
             try:
                 result = attempt()
             except Exception as exc:  # swiftclient raises ClientException and socket errors
@@ -193,15 +228,62 @@ class SwiftSession:
 
         ``stale_token``: refresh only if the current token is still that one (another thread
         may have refreshed it meanwhile). ``clock``: the retry clock of the request this login
-        serves, so that the login's retries count against that request's budget.
+        serves: the login gives up when that request's budget or the auth endpoint's outage
+        budget is spent, whichever comes first. A login already in flight is joined, not
+        repeated (see the module docstring).
         """
         with self._auth_lock:
             needed = refresh and (stale_token is None or stale_token == self._token)
-            if needed or self._token is None:
-                url, token = self._retrying(_AUTH, lambda: self._conn().get_auth(), clock)
-                self._storage_url, self._token = url, token
-            assert self._storage_url is not None and self._token is not None
-            return self._storage_url, self._token
+            if not needed and self._token is not None:
+                assert self._storage_url is not None
+                return self._storage_url, self._token
+            login, leader = self._login, self._login is None
+            if login is None:
+                login = self._login = _Login()
+        if leader:
+            return self._log_in(login, clock)
+        return self._join(login)
+
+    def _log_in(self, login: _Login, clock: RetryClock | None) -> tuple[str, str]:
+        """Log in (retrying on the auth outage's budget) and hand the outcome to the waiters."""
+        auth_clock = self.retry.clock("Swift login", self.auth_outage, parent=clock)
+        try:
+            url, token = self._retrying(_AUTH, lambda: self._conn().get_auth(), auth_clock)
+        except BaseException as exc:
+            login.error = exc
+            raise
+        else:
+            login.result = (url, token)
+            return url, token
+        finally:
+            with self._auth_lock:
+                if login.result is not None:
+                    self._storage_url, self._token = login.result
+                self._login = None
+            login.done.set()
+
+    def _join(self, login: _Login) -> tuple[str, str]:
+        """Wait for another thread's login; its token, or its error raised here too."""
+        # The leader gives up within the budget plus one attempt; wait that long from now.
+        if not login.done.wait(self.retry.budget_s + ATTEMPT_TIMEOUT_S):
+            raise SwiftUnavailableError(
+                f"the login to Swift at {self.credentials.auth_url} in another thread did not "
+                f"finish within {self.retry.budget_s + ATTEMPT_TIMEOUT_S:g} s",
+                endpoint="auth",
+                status=None,
+            )
+        if login.error is not None:
+            if isinstance(login.error, Exception):
+                # A copy: one exception object raised in several threads mixes their tracebacks.
+                raise _fresh(login.error) from login.error
+            raise SwiftUnavailableError(
+                f"the login to Swift at {self.credentials.auth_url} was interrupted "
+                f"in another thread ({type(login.error).__name__})",
+                endpoint="auth",
+                status=None,
+            )
+        assert login.result is not None
+        return login.result
 
     def get(self, container: str, name: str, *, observe: bool = True) -> tuple[bytes, str]:
         """Read an object whole; its transfer feeds the bandwidth estimate."""

@@ -215,6 +215,9 @@ class HapiTransport:
         Failures that can pass are retried until the budget is spent, then ServerUnavailableError;
         a 4xx is final (ServerError), except one 401 per request, which renews the token first.
         """
+        # The server's outage; a login this request needs runs on the auth endpoint's own outage
+        # (SwiftSession.auth), with this clock as its parent: an extraction that succeeds
+        # meanwhile neither ends the login's outage nor gives a later login a fresh budget.
         clock = self.retry.clock(label, self.outage)
         refreshed = False
         attempts = 0
@@ -225,6 +228,7 @@ class HapiTransport:
             status: int | None = None
             code = ""
             kind = "other"
+            clock.attempt()
             try:
                 result = send(url, headers)
             except httpx.TransportError as exc:

@@ -96,6 +96,16 @@ def _run(args: argparse.Namespace) -> int:
                 "--verify-fraction works with one process only, not with --workers"
             )
         return workers.run_from_args(args)
+    if getattr(args, "feature_cache_dir", None):
+        from hapi_client import ConfigurationError
+
+        # One process keeps its features in memory only: a disk cache it would not write must
+        # not look applied.
+        raise ConfigurationError(
+            "--feature-cache-dir works with --workers N (N >= 2) only: one process keeps the "
+            "extracted features in memory for its later epochs (--no-cache turns that off) and "
+            "writes no disk cache"
+        )
     import hapi_models
 
     from hapi_client import HapiClient, SwiftCredentials

@@ -66,7 +66,8 @@ class DiskFeatureCache(FeatureCache):
 
     ``max_bytes`` caps the directory (the files' sizes); ``memory_bytes`` the in-memory LRU in
     front of it. ``hits`` and ``misses`` count lookups answered by memory or disk and those that
-    were not; ``disk_hits`` those the disk answered, ``corrupt`` the files found damaged.
+    were not; ``disk_hits`` those the disk answered, ``corrupt`` the files found damaged,
+    ``too_large`` the entries not written because each alone exceeds ``max_bytes``.
     """
 
     def __init__(
@@ -91,6 +92,7 @@ class DiskFeatureCache(FeatureCache):
         self.disk_max_bytes = max_bytes
         self.disk_hits = 0
         self.corrupt = 0
+        self.too_large = 0
         self._evict_lock = FileLock(str(self.directory / ".evict.lock"))
 
     def path_for(self, key: CacheKey) -> Path:
@@ -178,6 +180,17 @@ class DiskFeatureCache(FeatureCache):
             metadata={_KEY_FIELD: _key_json(key), _DIGEST_FIELD: _digest(features, labels)},
         )
         if len(data) > self.disk_max_bytes:
+            with self._lock:
+                self.too_large += 1
+                first = self.too_large == 1
+            if first:  # once: every shard of a run is about the same size
+                log.warning(
+                    "feature cache: a shard's features take %d bytes, above the disk cap of %d "
+                    "bytes (max_bytes, --feature-cache-gb): they are kept in memory only, and "
+                    "so are the next ones that do not fit",
+                    len(data),
+                    self.disk_max_bytes,
+                )
             return
         atomic_write(path, data, prefix=_TMP, suffix=_SUFFIX)
 

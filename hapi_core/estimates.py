@@ -123,14 +123,8 @@ class MemoryEstimator:
             skeleton = hapi_models.get_spec(arch).builder(num_classes, False)
         try:
             prof = hapi_models.profile(skeleton, shape)
-        # A crop too small for the network's pooling (RuntimeError), or not the one size a
-        # ViT's position embedding takes (torch._assert's AssertionError).
-        except (RuntimeError, AssertionError) as exc:
-            crop = hapi_models.get_spec(arch).transform.crop
-            raise InvalidRequestError(
-                f"{arch} cannot run on {shape[1]}x{shape[2]} inputs (its own transform crops "
-                f"{crop}x{crop}): {str(exc).splitlines()[0]}"
-            ) from exc
+        except hapi_models.InputSizeError as exc:  # the rule the client checks before sending
+            raise InvalidRequestError(str(exc)) from exc
         with self._lock:
             self._profiles[key] = prof
         return prof

@@ -34,6 +34,7 @@ from .errors import CheckpointError, PretrainedWeightsUnavailableError, WeightsE
 from .registry import get_model, get_spec
 from .splittable import SplittableModel
 from .weights import MAX_WEIGHTS_BYTES, read_weights_file
+from .zoo.graph_families import input_rescale_state
 
 __all__ = [
     "check_checkpoint",
@@ -219,7 +220,8 @@ def torchvision_weights(arch: str, *, progress: bool = True) -> StateDict:
         ) from exc
     except RuntimeError as exc:  # check_hash: a partial or altered file in the cache
         raise PretrainedWeightsUnavailableError(f"{cached}: {exc}; delete it and retry") from exc
-    return dict(state)
+    # torchvision builds these networks with transform_input=True for its own weights only.
+    return {**dict(state), **input_rescale_state(arch, on=True)}
 
 
 def _densenet_key(key: str) -> str:
@@ -244,12 +246,23 @@ _UNUSED_PREFIXES: dict[str, tuple[str, ...]] = {
 
 
 def import_weights(
-    arch: str, state: Mapping[str, torch.Tensor], *, num_classes: int | None = None
+    arch: str,
+    state: Mapping[str, torch.Tensor],
+    *,
+    num_classes: int | None = None,
+    transform_input: bool | None = None,
 ) -> SplittableModel:
     """A model of ``arch`` holding ``state``, every key and shape checked first.
 
     The class count is the checkpoint's (its classifier's rows); ``num_classes``, when given,
     must agree with it (fine-tuning replaces the classifier anyway).
+
+    GoogLeNet and Inception-v3 re-normalise their input when built with torchvision's
+    ``transform_input``, which a checkpoint does not record. torchvision's rule decides: on
+    with its own pretrained weights (:func:`torchvision_weights` says so in the state), off
+    for any other checkpoint, as ``googlenet(weights=None)`` trains; ``transform_input``
+    states it instead (a model fine-tuned from torchvision's weights was trained with it on).
+    The choice is logged and stored with the weights, so the server runs the same network.
 
     Raises:
         WeightsError: keys missing or unknown, shapes that differ, or a class count that
@@ -260,7 +273,17 @@ def import_weights(
     native_keys = probe.native_keys
     state = _strip_prefix(dict(state), set(native_keys) | set(native_keys.values()))
     unused = _UNUSED_PREFIXES.get(arch, ())
-    state = {k: v for k, v in state.items() if not k.startswith(unused)}
+    dropped = [k for k in state if k.startswith(unused)]
+    if dropped:
+        log.warning(
+            "%s: dropping the %d weights of the auxiliary classifiers (%s): only training "
+            "runs them, and HAPI builds the network without them",
+            arch,
+            len(dropped),
+            ", ".join(p.rstrip(".") for p in unused),
+        )
+        state = {k: v for k, v in state.items() if not k.startswith(unused)}
+    state = _with_transform_input(arch, state, transform_input)
     if fix := _LEGACY_KEYS.get(arch):
         state = {fix(k): v for k, v in state.items()}
     ours = _to_layer_keys(state, native_keys)
@@ -286,6 +309,30 @@ def import_weights(
     model.load_state_dict(ours, strict=True)
     model.eval()
     return model
+
+
+def _with_transform_input(arch: str, state: StateDict, on: bool | None) -> StateDict:
+    """``state`` holding ``arch``'s transform_input: the checkpoint's, or ``on``, or off."""
+    rescale = input_rescale_state(arch, on=bool(on))
+    if not rescale:
+        if on is not None:
+            raise WeightsError(f"{arch} has no transform_input (GoogLeNet and Inception-v3 do)")
+        return state
+    held = [k for k in state if k.endswith(tuple(rescale))]
+    if held and on is None:
+        return state  # stored by HAPI, or torchvision_weights: the checkpoint says
+    state = {k: v for k, v in state.items() if k not in held}
+    if on is None:
+        log.warning(
+            "%s: transform_input off, as torchvision builds it for any checkpoint but its own "
+            "pretrained weights (googlenet(weights=None) trains without it); a model "
+            "fine-tuned from torchvision's weights was trained with it on: say "
+            "transform_input=True",
+            arch,
+        )
+    else:
+        log.info("%s: transform_input %s, as asked", arch, "on" if on else "off")
+    return {**state, **rescale}
 
 
 def _strip_prefix(state: StateDict, known: set[str]) -> StateDict:

@@ -12,13 +12,14 @@ class HapiModelError(Exception):
 class UnknownModelError(HapiModelError, KeyError):
     """The requested architecture is not in the registry."""
 
-    def __init__(self, name: str, known: list[str]) -> None:
+    def __init__(self, name: str, known: list[str], *, detail: str | None = None) -> None:
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        super().__init__(
-            f"unknown model {name!r}{hint} ({len(known)} architectures are registered: "
-            "`hapi models` lists them; any timm model is timm/NAME)"
+        detail = detail or (
+            f"{len(known)} architectures are registered: "
+            "`hapi models` lists them; any timm model is timm/NAME"
         )
+        super().__init__(f"unknown model {name!r}{hint} ({detail})")
         self.name = name
         self.known = known
 
@@ -28,6 +29,13 @@ class UnknownModelError(HapiModelError, KeyError):
 
 class SplitIndexError(HapiModelError, ValueError):
     """A split or freeze index outside ``[0, num_layers]``."""
+
+
+class InputSizeError(HapiModelError, ValueError):
+    """A network that cannot run on the input size asked for: a crop too small for its pooling,
+    or not the one size a ViT's position embedding takes. The message names the network, the
+    size, its own transform's crop and the cause; the server answers it with a 422 and the
+    client refuses the same size with the same words before it sends anything."""
 
 
 class WeightsError(HapiModelError):

@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.hooks import RemovableHandle
 
+from .errors import InputSizeError
 from .splittable import SplittableModel
 
 
@@ -150,6 +151,10 @@ def profile(
 
     Uses the model's own transform shape when ``input_shape`` is omitted. The model is put in
     eval mode for the pass and restored afterwards.
+
+    Raises:
+        InputSizeError: the network cannot run on ``input_shape`` (the rule the server's 422
+            and the client's own check share).
     """
     shape = tuple(input_shape) if input_shape is not None else model.transform.input_shape
     if len(shape) != 3 or any(d < 1 for d in shape):
@@ -213,6 +218,16 @@ def profile(
                     weight_bytes=_param_bytes(layer),
                 )
             )
+    except torch.OutOfMemoryError:
+        raise  # a real pass on a device too small: not the input size's fault
+    # A crop too small for the network's pooling (RuntimeError), or not the one size a ViT's
+    # position embedding takes (torch._assert's AssertionError).
+    except (RuntimeError, AssertionError) as exc:
+        crop = model.transform.crop
+        raise InputSizeError(
+            f"{model.arch} cannot run on {shape[1]}x{shape[2]} inputs (its own transform crops "
+            f"{crop}x{crop}): {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from exc
     finally:
         for h in handles:
             h.remove()

@@ -95,16 +95,14 @@ def read_sample_log(directory: str | Path) -> list[dict[str, Any]]:
 
 def delivered(records: list[dict[str, Any]]) -> dict[int, list[tuple[int, int]]]:
     """Per epoch, the ``(shard, index)`` pairs the final model was trained on: each attempt's
-    rounds up to the round the next attempt resumed after."""
+    rounds up to the round the next attempt resumed after (no records: nothing delivered)."""
     resumed_at: dict[int, int] = {}
     for r in records:
         if r["event"] == "start":
             resumed_at[r["attempt"]] = r["resumed_round"]
     attempts = sorted(resumed_at)
-    keep_until = {
-        a: resumed_at[b] if b is not None else None
-        for a, b in zip(attempts, [*attempts[1:], None], strict=True)
-    }
+    # The last attempt (and one without a start record) keeps every round it logged.
+    keep_until = {a: resumed_at[b] for a, b in zip(attempts, attempts[1:], strict=False)}
     out: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for r in records:
         if r["event"] != "round":

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import PretrainedWeightsUnavailableError
+from ..errors import PretrainedWeightsUnavailableError, UnknownModelError
 from ..graph_split import split_graph
 from ..registry import ModelSpec, SplitLayout, is_registered, register, register_resolver
 from ..splittable import SplittableModel
@@ -27,12 +27,71 @@ log = logging.getLogger(__name__)
 TIMM_PREFIX = "timm/"
 
 # GoogLeNet and Inception-v3 train an auxiliary classifier that their eval graph never runs; it
-# is left out (so no layer holds it) and their inputs are re-normalised as torchvision's
-# pretrained weights expect. init_weights=False skips scipy's slow truncated-normal init.
+# is left out (so no layer holds it). init_weights=False skips scipy's slow truncated-normal
+# init. Their transform_input is an InputRescale (below), so it travels with the weights.
 _TORCHVISION_OPTIONS: dict[str, dict[str, Any]] = {
-    "googlenet": {"aux_logits": False, "init_weights": False, "transform_input": True},
-    "inception_v3": {"aux_logits": False, "init_weights": False, "transform_input": True},
+    "googlenet": {"aux_logits": False, "init_weights": False},
+    "inception_v3": {"aux_logits": False, "init_weights": False},
 }
+
+#: The ImageNet normalisation torchvision's transform_input undoes: Google's weights were
+#: trained on inputs in [-1, 1], i.e. normalised with mean 0.5 and std 0.5.
+_IMAGENET_MEAN = (0.485, 0.456, 0.406)
+_IMAGENET_STD = (0.229, 0.224, 0.225)
+#: The module (and state-dict prefix) that holds the flag, in the networks that have one.
+INPUT_RESCALE = "input_rescale"
+
+
+class InputRescale(nn.Module):
+    """torchvision's ``transform_input`` of GoogLeNet and Inception-v3, held as two buffers.
+
+    torchvision turns the flag on with its pretrained weights and off otherwise
+    (``googlenet(weights=None)``), and a checkpoint does not record it: a flag fixed in the
+    architecture was right for one kind of checkpoint and silently wrong for the other. As
+    buffers (``scale``, ``shift``: identity when off) the flag is part of the weights HAPI
+    stores, so the server runs what the uploader chose; see
+    :func:`hapi_models.import_weights`.
+    """
+
+    scale: torch.Tensor
+    shift: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("scale", torch.ones(3))
+        self.register_buffer("shift", torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The same two float ops per element as torchvision's, so its features are matched exactly.
+        return x * self.scale.view(1, -1, 1, 1) + self.shift.view(1, -1, 1, 1)
+
+
+def input_rescale_state(arch: str, *, on: bool) -> dict[str, torch.Tensor]:
+    """The native state-dict entries of ``arch``'s transform_input (empty where it has none)."""
+    if arch not in _TORCHVISION_OPTIONS:
+        return {}
+    scale = [s / 0.5 for s in _IMAGENET_STD] if on else [1.0, 1.0, 1.0]
+    shift = [(m - 0.5) / 0.5 for m in _IMAGENET_MEAN] if on else [0.0, 0.0, 0.0]
+    return {
+        f"{INPUT_RESCALE}.scale": torch.tensor(scale, device="cpu"),
+        f"{INPUT_RESCALE}.shift": torch.tensor(shift, device="cpu"),
+    }
+
+
+def _with_input_rescale(base: type[nn.Module]) -> type[nn.Module]:
+    """``base`` (GoogLeNet or Inception3) whose transform_input is an :class:`InputRescale`."""
+
+    class Rescaled(base):  # type: ignore[misc,valid-type]
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(transform_input=False, **kwargs)
+            self.input_rescale = InputRescale()
+
+        def _transform_input(self, x: torch.Tensor) -> torch.Tensor:
+            return self.input_rescale(x)  # type: ignore[no-any-return]
+
+    Rescaled.__name__ = Rescaled.__qualname__ = base.__name__
+    return Rescaled
+
 
 NetFactory = Callable[[int], nn.Module]
 """``factory(num_classes) -> nn.Module``: the library's network, randomly initialised."""
@@ -110,6 +169,10 @@ def _torchvision_factory(name: str, transform: InputTransform) -> NetFactory:
     def factory(num_classes: int) -> nn.Module:
         from torchvision import models  # noqa: PLC0415 - torchvision is slow to import
 
+        if name == "googlenet":
+            return _with_input_rescale(models.GoogLeNet)(num_classes=num_classes, **options)
+        if name == "inception_v3":
+            return _with_input_rescale(models.Inception3)(num_classes=num_classes, **options)
         return models.get_model(name, weights=None, num_classes=num_classes, **options)
 
     return factory
@@ -169,6 +232,10 @@ def register_torchvision() -> None:
                 transform,
                 family="torchvision",
                 description=f"torchvision {name}, cut at its graph's split points",
+                # One layer, holding its buffers: traced into, it would read them across layers.
+                tracer_kwargs={"leaf_modules": [InputRescale]}
+                if name in _TORCHVISION_OPTIONS
+                else None,
             )
         )
 
@@ -182,6 +249,27 @@ def _timm_tracer_kwargs() -> dict[str, Any]:
     }
 
 
+def _timm_pretrained_cfg(name: str, model: str) -> Any:
+    """timm's pretrained configuration of ``model`` (``arch.tag``), or None where it has none.
+
+    Raises:
+        UnknownModelError: a tag timm does not know for the architecture, naming the ones it does.
+    """
+    import timm  # noqa: PLC0415
+
+    try:
+        return timm.models.get_pretrained_cfg(model)
+    except RuntimeError:  # timm's "Invalid pretrained tag (...) for ...": a name, not a crash
+        base, tag = timm.models.split_model_name_tag(model)
+        tags = [TIMM_PREFIX + t for t in timm.list_pretrained(f"{base}.*")]
+        raise UnknownModelError(
+            name,
+            tags,
+            detail=f"timm knows no tag {tag!r} for {base}; its tags: "
+            + ", ".join([*tags, f"or {TIMM_PREFIX}{base} for the default"]),
+        ) from None
+
+
 def resolve_timm(name: str) -> ModelSpec | None:
     """``timm/<model>``: any model timm can create, cut at its graph's split points."""
     if not name.startswith(TIMM_PREFIX):
@@ -191,7 +279,7 @@ def resolve_timm(name: str) -> ModelSpec | None:
 
     if not timm.is_model(model):
         return None
-    cfg = timm.models.get_pretrained_cfg(model)
+    cfg = _timm_pretrained_cfg(name, model)
     if cfg is None:  # a model without a pretrained configuration: timm's defaults
         cfg = timm.models.PretrainedCfg()
     _, height, _ = cfg.input_size

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace, TracebackType
 from typing import Any
 
@@ -58,3 +59,11 @@ def test_the_fraction_reaches_the_recipe_and_the_count_is_reported(
     assert main([*BASE, "--verify-fraction", "0.25"]) == 0
     assert _Recorder.calls[-1]["verify_fraction"] == 0.25
     assert "verified 8 samples of 2 shards" in capsys.readouterr().out
+
+
+def test_a_feature_cache_dir_without_workers_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Issue 28, case 12: it was silently ignored by the one-process path.
+    assert main([*BASE, "--feature-cache-dir", str(tmp_path)]) == 2
+    assert "--feature-cache-dir works with --workers N" in capsys.readouterr().err

@@ -136,3 +136,17 @@ def test_processes_sharing_a_directory_only_ever_read_whole_files(tmp_path: Path
         got = cache.get(key(f"s{i}"))
         assert got is None or torch.equal(got.features, entry(10, float(i + 1)).features)
     assert cache.corrupt == 0
+
+
+def test_an_entry_above_the_cap_is_logged_once_and_kept_in_memory(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 28, case 12: it was skipped without a word.
+    cache = DiskFeatureCache(tmp_path, max_bytes=100)
+    with caplog.at_level("WARNING", logger="hapi_client.feature_store"):
+        cache.put(key("a"), entry(50))
+        cache.put(key("b"), entry(50))
+    warnings = [r.getMessage() for r in caplog.records if "above the disk cap" in r.getMessage()]
+    assert len(warnings) == 1 and "100 bytes" in warnings[0]
+    assert cache.too_large == 2 and not list(tmp_path.glob("*.safetensors"))
+    assert cache.get(key("a")) is not None

@@ -84,3 +84,12 @@ def test_transformer_blocks_count_their_attention(arch: str, split: int) -> None
     prof = hm.profile(model)
     assert prof.head_activation_bytes_per_sample(split) > 4.5e6
     assert prof.seconds < 5
+
+
+def test_an_input_size_the_network_cannot_take_is_a_named_refusal() -> None:
+    # DeiT's position embedding fixes its input at 224 pixels: at 64 the profile used to raise
+    # torch's "Attempting to broadcast ... 197" RuntimeError, which the client showed as an
+    # unexpected crash; the server words the same refusal as a 422 from this error.
+    model = hm.get_model("timm/deit_tiny_patch16_224", num_classes=3)
+    with pytest.raises(hm.InputSizeError, match=r"cannot run on 64x64 inputs .*crops 224x224"):
+        hm.profile(model, (3, 64, 64))

@@ -33,3 +33,8 @@ def test_a_line_cut_short_by_a_kill_is_skipped(tmp_path: Path) -> None:
     path = tmp_path / "attempt1-rank0.jsonl"
     path.write_text(path.read_text() + '{"event": "round", "epo')
     assert [r["event"] for r in read_sample_log(tmp_path)] == ["start", "round"]
+
+
+def test_no_records_deliver_nothing() -> None:
+    # Issue 28, case 12: it raised "zip() argument 2 is longer than argument 1".
+    assert delivered([]) == {}

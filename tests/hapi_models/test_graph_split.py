@@ -98,7 +98,7 @@ def test_auxiliary_classifiers_in_torchvision_files_are_dropped(tmp_path: Path) 
     ).eval()
     path = tmp_path / "inception.pth"
     torch.save(native.state_dict(), path)
-    model = hm.import_weights("inception_v3", hm.read_checkpoint(path))
+    model = hm.import_weights("inception_v3", hm.read_checkpoint(path), transform_input=True)
     x = torch.randn(1, 3, 299, 299)
     with torch.no_grad():
         torch.testing.assert_close(model(x), native(x))
@@ -116,6 +116,10 @@ def test_unknown_names_are_refused_with_the_registry() -> None:
         hm.get_spec("vit_b_17")
     with pytest.raises(hm.UnknownModelError):
         hm.get_spec("timm/not_a_timm_model")
+    # A tag timm does not know is an unknown name too (it was timm's RuntimeError), naming
+    # the tags it knows.
+    with pytest.raises(hm.UnknownModelError, match=r"no tag 'bad_tag'.*timm/resnet18d\.ra2_in1k"):
+        hm.get_spec("timm/resnet18d.bad_tag")
 
 
 class _TwoInputs(nn.Module):

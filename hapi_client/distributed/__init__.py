@@ -27,7 +27,7 @@ side channel), :mod:`.rounds` (one round on the aggregator and on a worker), :mo
 (which samples each rank was dealt, for audits); :mod:`.launcher` (torchrun), :mod:`.errors`.
 """
 
-from .channel import AggregatorChannel, GatherResult, WorkerChannel
+from .channel import AggregatorChannel, GatherResult, Keepalive, WorkerChannel
 from .checkpoint import Checkpoint, load_checkpoint, round_seed, save_checkpoint
 from .config import DistributedConfig
 from .errors import (
@@ -69,6 +69,7 @@ __all__ = [
     "GatherResult",
     "GatherTimeoutError",
     "GradientMessage",
+    "Keepalive",
     "LaunchError",
     "ReplicaDivergenceError",
     "ScheduleError",

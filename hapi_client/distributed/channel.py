@@ -12,6 +12,14 @@ arrives for a round already closed is recognised by its round number and discard
 torch.distributed still does the rest (rendezvous, the channel's address and token, the
 initial parameter broadcast, the per-epoch checks), see :mod:`.trainer`.
 
+Dead peers: a link cut leaves a half-open connection that no read or write notices by itself.
+Every channel socket has TCP keepalive (``SO_KEEPALIVE`` with ``TCP_KEEPIDLE``,
+``TCP_KEEPINTVL``, ``TCP_KEEPCNT``) and ``TCP_USER_TIMEOUT`` set by :class:`Keepalive` so that
+the kernel declares a silent peer dead within a given time (the run's gather timeout, see
+:attr:`.DistributedConfig.keepalive_s`), whether the socket is idle or has data in flight; the
+read or write then fails as a :class:`ChannelError`. A worker's wait for an update is also
+bounded by :attr:`.DistributedConfig.update_timeout_s`, derived from the gather timeout.
+
 Trust: the aggregator is trusted; workers may be Byzantine. A connection proves it belongs to
 the run with a random token the aggregator handed out over torch.distributed; a worker that
 sends a malformed frame, impersonates another rank or stops reading is disconnected and simply
@@ -41,11 +49,60 @@ from .messages import (
     UpdateMessage,
 )
 
-__all__ = ["AggregatorChannel", "GatherResult", "WorkerChannel"]
+__all__ = ["AggregatorChannel", "GatherResult", "Keepalive", "WorkerChannel"]
 
 log = logging.getLogger(__name__)
 
 _CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Keepalive:
+    """TCP keepalive of a channel socket: a peer that stops answering is declared dead after
+    ``idle_s + interval_s * count`` seconds without an answer (:attr:`detect_s`).
+
+    The kernel sends the first probe after ``idle_s`` seconds without traffic, then one every
+    ``interval_s`` seconds; ``count`` unanswered probes close the connection, and so does data
+    left unacknowledged for :attr:`detect_s` (``TCP_USER_TIMEOUT``, where the system has it).
+    """
+
+    idle_s: int
+    interval_s: int
+    count: int
+
+    #: Probes sent before a silent peer is declared dead (a lost probe or two is no verdict).
+    PROBES = 4
+
+    @classmethod
+    def within(cls, seconds: float) -> Keepalive:
+        """Settings that declare a silent peer dead within ``seconds`` (at least 2 s: the
+        kernel counts whole seconds): about half of it idle, the other half ``PROBES`` probes
+        (fewer when ``seconds`` is too short for them at one per second)."""
+        total = max(2, int(seconds))
+        count = max(1, min(cls.PROBES, total // 2))
+        interval = max(1, total // (2 * count))
+        return cls(idle_s=max(1, total - interval * count), interval_s=interval, count=count)
+
+    @property
+    def detect_s(self) -> int:
+        return self.idle_s + self.interval_s * self.count
+
+    def apply(self, sock: socket.socket) -> None:
+        """Turn keepalive on for ``sock`` with these settings (the options this system has)."""
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in (
+            ("TCP_KEEPIDLE", self.idle_s),
+            ("TCP_KEEPINTVL", self.interval_s),
+            ("TCP_KEEPCNT", self.count),
+            ("TCP_USER_TIMEOUT", self.detect_s * 1000),  # milliseconds
+        ):
+            option = getattr(socket, name, None)
+            if option is not None:  # Linux has all four; others some (macOS: no USER_TIMEOUT)
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
+#: Keepalive when none is given: a dead peer within a minute.
+DEFAULT_KEEPALIVE = Keepalive.within(60.0)
 
 
 @dataclass
@@ -87,10 +144,12 @@ class AggregatorChannel:
         port: int = 0,
         io_timeout_s: float = 60.0,
         max_frame_bytes: int = 1 << 31,
+        keepalive: Keepalive = DEFAULT_KEEPALIVE,
     ) -> None:
         self.world_size = world_size
         self._token = token
         self.io_timeout_s = io_timeout_s
+        self.keepalive = keepalive
         self.max_frame_bytes = max_frame_bytes
         self._listener = _listen(host, port, backlog=max(8, world_size))
         self._selector = selectors.DefaultSelector()
@@ -105,6 +164,10 @@ class AggregatorChannel:
     @property
     def connected(self) -> list[int]:
         return sorted(self._peers)
+
+    def connection(self, rank: int) -> socket.socket:
+        """The connection to worker ``rank`` (e.g. to read its options)."""
+        return self._peers[rank].sock
 
     def accept(self, timeout_s: float) -> None:
         """Wait until every worker (ranks 1..world_size-1) has connected and said hello."""
@@ -157,6 +220,7 @@ class AggregatorChannel:
             return
         conn.settimeout(self.io_timeout_s)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.keepalive.apply(conn)
         peer = _Peer(hello.rank, conn, FrameBuffer(self.max_frame_bytes))
         self._peers[hello.rank] = peer
         self._selector.register(conn, selectors.EVENT_READ, peer)
@@ -313,6 +377,7 @@ class WorkerChannel:
         connect_timeout_s: float = 60.0,
         io_timeout_s: float = 60.0,
         max_frame_bytes: int = 1 << 31,
+        keepalive: Keepalive = DEFAULT_KEEPALIVE,
     ) -> None:
         self.rank = rank
         deadline = time.monotonic() + connect_timeout_s
@@ -328,6 +393,7 @@ class WorkerChannel:
                     ) from exc
                 time.sleep(0.05)  # retry pacing while the aggregator starts listening
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        keepalive.apply(self._sock)
         self._buffer = FrameBuffer(max_frame_bytes)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._sock, selectors.EVENT_READ)
@@ -375,8 +441,15 @@ class WorkerChannel:
             update = self._pop_update()
         return update
 
+    @property
+    def connection(self) -> socket.socket:
+        """The connection to the aggregator (e.g. to read its options)."""
+        return self._sock
+
     def recv_update(self, timeout_s: float) -> UpdateMessage:
-        """The next update; raises :class:`ChannelError` after ``timeout_s`` without one."""
+        """The next update; raises :class:`ChannelError` after ``timeout_s`` without one (a
+        trainer passes :attr:`.DistributedConfig.update_timeout_s`), or as soon as keepalive
+        declares the aggregator dead."""
         deadline = time.monotonic() + timeout_s
         update = self._pop_update()
         while update is None:

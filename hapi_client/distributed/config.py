@@ -71,6 +71,16 @@ class DistributedConfig:
     for itself). Rank 0's node may set them with ``HAPI_CHANNEL_BIND``/``HAPI_CHANNEL_ADVERTISE``
     instead.
 
+    Timeouts, one rule: rank 0 waits ``gather_timeout_s`` for the gradients of a round; a
+    worker waits for the round's update :attr:`update_timeout_s` = ``gather_timeout_s +
+    update_margin_s`` (the margin covers what rank 0 does around its gather: its own gradient,
+    the aggregation, a checkpoint, sending the update), and every channel socket declares a
+    silent peer dead within :attr:`keepalive_s` = ``gather_timeout_s`` (TCP keepalive,
+    :class:`~hapi_client.distributed.channel.Keepalive`). So after a link cut every rank fails
+    within about the gather timeout, and a restarted job (torchrun) recovers after that plus its
+    rendezvous. ``channel_timeout_s`` bounds only the rendezvous: the process group's start,
+    the workers' connection to the channel and rank 0's wait for them.
+
     Restarts (:mod:`.checkpoint`): with ``checkpoint_dir`` (a directory every rank sees) rank 0
     writes a checkpoint at every epoch's end and, with ``checkpoint_every``, every that many
     rounds; a job started again (a torchrun restart, maybe with another number of workers)
@@ -110,6 +120,7 @@ class DistributedConfig:
     channel_bind: str | None = None
     channel_advertise: str | None = None
     channel_timeout_s: float = 600.0
+    update_margin_s: float = 30.0
     results_path: str | None = None
     save_path: str | None = None
     progress: bool = False
@@ -168,7 +179,7 @@ class DistributedConfig:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 out.append(f"{name} must be a positive number, got {value}")
-        for name in ("gather_timeout_s", "channel_timeout_s"):
+        for name in ("gather_timeout_s", "channel_timeout_s", "update_margin_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 out.append(f"{name} must be a positive number of seconds, got {value}")
@@ -191,6 +202,17 @@ class DistributedConfig:
             except RobustAggregationError as exc:
                 out.append(str(exc))
         return out
+
+    @property
+    def update_timeout_s(self) -> float:
+        """How long a worker waits for the aggregator's update after sending its gradient:
+        the gather timeout plus ``update_margin_s`` (see the class docstring)."""
+        return self.gather_timeout_s + self.update_margin_s
+
+    @property
+    def keepalive_s(self) -> float:
+        """Within how long a channel socket declares a silent peer dead: the gather timeout."""
+        return self.gather_timeout_s
 
     def workers_q(self, world_size: int) -> int:
         """How many gradients the aggregator waits for in a world of ``world_size`` workers."""

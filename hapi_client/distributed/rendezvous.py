@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from .addresses import choose_channel_address
-from .channel import AggregatorChannel, WorkerChannel
+from .channel import AggregatorChannel, Keepalive, WorkerChannel
 from .config import DistributedConfig
 from .messages import TOKEN_BYTES
 
@@ -38,7 +38,11 @@ def open_channels(
         where = choose_channel_address(config.channel_bind, config.channel_advertise, os.environ)
         token = secrets.token_bytes(TOKEN_BYTES)
         aggregator = AggregatorChannel(
-            world, token, host=where.bind, io_timeout_s=config.channel_timeout_s
+            world,
+            token,
+            host=where.bind,
+            io_timeout_s=config.channel_timeout_s,
+            keepalive=Keepalive.within(config.keepalive_s),
         )
         port = aggregator.address[1]
         log.info(
@@ -71,5 +75,6 @@ def open_channels(
         token,
         connect_timeout_s=config.channel_timeout_s,
         io_timeout_s=config.channel_timeout_s,
+        keepalive=Keepalive.within(config.keepalive_s),
     )
     return None, channel

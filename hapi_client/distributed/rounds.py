@@ -177,7 +177,7 @@ class Rounds:
             msg = self.compute(epoch, schedule, mine)
             if msg.gradient is not None or self.forger is None:
                 self.channel.send(msg)
-            update = self.channel.recv_update(cfg.channel_timeout_s)
+            update = self.channel.recv_update(cfg.update_timeout_s)
         else:
             stats.skipped += 1
         if update.round_index != self.global_round:

@@ -13,8 +13,11 @@ import torch
 from hapi_client.distributed import (
     AggregatorChannel,
     ChannelError,
+    DistributedConfig,
+    DistributedConfigError,
     GatherTimeoutError,
     GradientMessage,
+    Keepalive,
     UpdateMessage,
     WorkerChannel,
 )
@@ -178,3 +181,73 @@ def test_a_disconnected_worker_makes_an_unreachable_q_fail_at_once(channels) -> 
         GatherTimeoutError, match=r"3 of q=4.*disconnected: \{3: 'closed the connection'\}"
     ):
         aggregator.gather(1, q=4, timeout_s=3600, own=reply(1, 0))
+
+
+# --- Dead peers (issue 28, case 11): keepalive, and a worker timeout tied to the gather's ------
+
+
+def _keepalive_of(sock: socket.socket) -> tuple[int, int, int, int, int]:
+    return (
+        sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+        sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+        sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+        sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+        sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT),
+    )
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_USER_TIMEOUT"), reason="Linux socket options")
+def test_every_channel_socket_declares_a_silent_peer_dead_within_the_gather_timeout() -> None:
+    config = DistributedConfig(model="models/m", container="c", gather_timeout_s=120.0)
+    keepalive = Keepalive.within(config.keepalive_s)
+    assert keepalive.detect_s <= config.gather_timeout_s
+    assert keepalive.detect_s >= config.gather_timeout_s / 2  # not so eager that a hiccup kills
+    expected = (1, keepalive.idle_s, keepalive.interval_s, keepalive.count, 120_000)
+    token = os.urandom(32)
+    with AggregatorChannel(2, token, io_timeout_s=10, keepalive=keepalive) as aggregator:
+        with WorkerChannel(aggregator.address, 1, 2, token, keepalive=keepalive) as worker:
+            aggregator.accept(timeout_s=30)
+            assert _keepalive_of(worker.connection) == expected
+            assert _keepalive_of(aggregator.connection(1)) == expected
+
+
+def test_keepalive_settings_fit_any_gather_timeout() -> None:
+    for seconds in (0.01, 1.0, 2.0, 7.5, 60.0, 120.0, 600.0, 3600.0):
+        keepalive = Keepalive.within(seconds)
+        assert min(keepalive.idle_s, keepalive.interval_s, keepalive.count) >= 1
+        assert keepalive.detect_s <= max(2.0, seconds)
+
+
+def test_the_worker_timeout_derives_from_the_gather_timeout() -> None:
+    config = DistributedConfig(model="models/m", container="c", gather_timeout_s=120.0)
+    # Not the rendezvous timeout (600 s by default): a round's wait follows the gather's.
+    assert config.update_timeout_s == 120.0 + config.update_margin_s
+    assert config.update_timeout_s < config.channel_timeout_s
+    assert config.keepalive_s == 120.0
+    longer = config.replace(gather_timeout_s=300.0)
+    assert longer.update_timeout_s == 300.0 + config.update_margin_s
+    with pytest.raises(DistributedConfigError, match="update_margin_s"):
+        config.replace(update_margin_s=0)
+    assert DistributedConfig.from_json(config.to_json()) == config
+
+
+def test_a_worker_whose_aggregator_goes_silent_fails_within_its_derived_timeout() -> None:
+    """A peer that accepts and never answers (a half-open connection as after a link cut): the
+    worker's wait for the update ends with a ChannelError, as its config derives it."""
+    config = DistributedConfig(
+        model="models/m", container="c", gather_timeout_s=0.05, update_margin_s=0.05
+    )
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        worker = WorkerChannel(
+            silent.getsockname()[:2],
+            1,
+            2,
+            os.urandom(32),
+            connect_timeout_s=10,
+            keepalive=Keepalive.within(config.keepalive_s),
+        )
+        accepted, _ = silent.accept()  # and never reads nor writes
+        with worker, accepted:
+            worker.send(reply(1, 1))
+            with pytest.raises(ChannelError, match="got no update from the aggregator"):
+                worker.recv_update(config.update_timeout_s)

@@ -152,6 +152,12 @@ EXTRACT_CASES: dict[str, tuple[Callable[[Dataset], dict[str, Any]], int, str]] =
         422,
         "invalid_request",
     ),
+    # A timm tag timm does not know: timm's RuntimeError was a 500 internal_error.
+    "timm-unknown-tag": (
+        lambda d: with_weights(ok_body(d), d, arch="timm/resnet18d.bad_tag"),
+        422,
+        "invalid_request",
+    ),
     # 100000-class VGG19 has 2.2 GB of weights, over max_weights_bytes: refused before any I/O.
     "model-over-weights-limit": (
         lambda d: with_weights(ok_body(d, split_index=4), d, arch="vgg19", num_classes=100_000),

@@ -1,5 +1,6 @@
-"""Compute devices and their memory: NVML and torch on a GPU, a configured budget on a CPU, and
-the measured host memory of a batch (:class:`HostMemoryProbe`).
+"""Compute devices and their memory: NVML and torch on a GPU, a configured budget on a CPU, the
+process's resident memory (:func:`resident_bytes`, sampled by :class:`ResidentSampler`) and the
+measured host memory of a batch (:class:`HostMemoryProbe`).
 
 torch numbers the GPUs it sees (``CUDA_VISIBLE_DEVICES`` filters and reorders them) and NVML
 numbers every GPU of the machine, so the two indices name the same GPU only by chance. A torch
@@ -11,6 +12,9 @@ from __future__ import annotations
 import _thread
 import ctypes
 import logging
+import os
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -112,8 +116,111 @@ def external_used_bytes(device: Device) -> int:
 
 # --- Host memory of a lone batch (a CPU device's measured peaks) -----------------------------
 
-_STATUS = Path("/proc/self/status")
-_CLEAR_REFS = Path("/proc/self/clear_refs")
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def resident_bytes(pid: int | str = "self") -> int:
+    """Resident bytes of a process now (``/proc/<pid>/statm``, second field); 0 without /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/statm").read_text().split()
+        return int(fields[1]) * _PAGE_BYTES
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _os_thread_api() -> tuple[type[threading.Thread], type[threading.Event]]:
+    # Under eventlet's patching (the Swift proxy) a threading.Thread is a green thread, which
+    # samples only when the hub runs: the sampler must be a real OS thread (see locks.py).
+    patcher = sys.modules.get("eventlet.patcher")
+    if patcher is not None and patcher.is_monkey_patched("thread"):
+        real = patcher.original("threading")
+        return real.Thread, real.Event
+    return threading.Thread, threading.Event
+
+
+class ResidentSampler:
+    """The peak resident memory of a process, read from ``/proc/<pid>/statm`` every
+    ``interval_s`` by a daemon OS thread.
+
+    ``VmHWM`` is never reset (``clear_refs`` would make every other reader's ``VmHWM``
+    under-read): the peaks are this sampler's own, a process-wide one since :meth:`start` and a
+    *window* one since :meth:`reset_window`. A peak shorter than the interval can be missed;
+    :meth:`sample` reads one more point on demand (the end of a measured batch, say).
+    """
+
+    def __init__(
+        self,
+        read: Callable[[], int] = resident_bytes,
+        interval_s: float = 0.01,
+    ) -> None:
+        self._read = read
+        self.interval_s = interval_s
+        self._lock = os_lock()
+        self._peak = 0
+        self._window_peak = 0
+        thread_cls, event_cls = _os_thread_api()
+        self._thread_cls = thread_cls
+        self._stop = event_cls()
+        self._thread: threading.Thread | None = None
+
+    def sample(self) -> int:
+        """Read the resident bytes now, fold them into the peaks and return them."""
+        now = self._read()
+        with self._lock:
+            self._peak = max(self._peak, now)
+            self._window_peak = max(self._window_peak, now)
+        return now
+
+    @property
+    def peak_bytes(self) -> int:
+        """The highest resident memory sampled since :meth:`start`."""
+        with self._lock:
+            return self._peak
+
+    @property
+    def window_peak_bytes(self) -> int:
+        """The highest resident memory sampled since :meth:`reset_window`."""
+        with self._lock:
+            return self._window_peak
+
+    def reset_window(self) -> int:
+        """Start a new window at the resident memory now (returned), sampling if not yet."""
+        self.start()
+        now = self._read()
+        with self._lock:
+            self._window_peak = now
+            self._peak = max(self._peak, now)
+        return now
+
+    def start(self, interval_s: float | None = None) -> None:
+        """Sample from now on (idempotent; ``interval_s`` applies from the next sample)."""
+        if interval_s is not None:
+            self.interval_s = interval_s
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._stop.clear()
+            self._thread = self._thread_cls(
+                target=self._run, name="hapi-resident-sampler", daemon=True
+            )
+        self.sample()
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop sampling (the peaks stay readable)."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._stop.set()
+            thread.join(timeout=5 * self.interval_s + 1)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+
+PROCESS_MEMORY = ResidentSampler()
+"""The sampler of this process's resident memory: ``/metrics`` and the batch probe read it."""
 
 
 class _MallInfo2(ctypes.Structure):
@@ -153,17 +260,16 @@ def _glibc_mallinfo2() -> Callable[[], int] | None:
 
 
 def _read_status() -> dict[str, int]:
-    """``VmRSS`` and ``VmHWM`` of this process, in bytes."""
-    out = {}
-    for line in _STATUS.read_text().splitlines():
-        name, _, rest = line.partition(":")
-        if name in ("VmRSS", "VmHWM"):
-            out[name] = int(rest.split()[0]) * 1024
-    return out
+    """``VmRSS`` now and the highest ``VmRSS`` sampled since :func:`_reset_peak`, in bytes (the
+    names ``/proc/self/status`` gives them, whose ``VmHWM`` is left alone)."""
+    rss = PROCESS_MEMORY.sample()
+    if rss == 0:
+        raise OSError("no /proc/self/statm")
+    return {"VmRSS": rss, "VmHWM": PROCESS_MEMORY.window_peak_bytes}
 
 
 def _reset_peak() -> None:
-    _CLEAR_REFS.write_text("5")  # VmHWM := VmRSS (Linux >= 4.0)
+    PROCESS_MEMORY.reset_window()
 
 
 ProbeKey = tuple[str, int, tuple[int, ...]]
@@ -184,18 +290,19 @@ class HostMemoryProbe:
 
     The reading is the larger of two growths over the batch, per sample:
 
-    * resident memory: ``VmHWM - VmRSS`` (``VmHWM`` reset to ``VmRSS`` at the start), which sees
-      every transient, inside an operator too, but not memory the allocator already held free
-      and handed out again;
+    * resident memory: its sampled peak over the batch minus its value at the start
+      (:data:`PROCESS_MEMORY`'s window; named ``VmHWM - VmRSS`` below), which sees transients
+      longer than the sampling interval, inside an operator too, but not memory the allocator
+      already held free and handed out again;
     * malloc's bytes in use (``mallinfo2``), sampled after every leaf module of ``module`` and at
       the end, which sees that reuse (glibc's default, adaptive mmap threshold keeps freed
       blocks of a previous batch in its heap) at layer boundaries.
 
-    Without glibc's ``mallinfo2`` the reuse cannot be seen and nothing is measured. Resetting
-    ``VmHWM`` disturbs anyone else reading it (a benchmark's peak), so only the first
-    ``calibration_batches`` clean readings of each head are taken (the engine takes one per
-    request), and batches whose input is under ``min_input_bytes`` are skipped: page granularity
-    and the allocator's fixed costs would dominate a small one.
+    Without glibc's ``mallinfo2`` the reuse cannot be seen and nothing is measured. The kernel's
+    ``VmHWM`` is never reset (``clear_refs`` made every other reader's peak under-read). Only the
+    first ``calibration_batches`` clean readings of each head are taken (the engine takes one
+    per request), and batches whose input is under ``min_input_bytes`` are skipped: page
+    granularity and the allocator's fixed costs would dominate a small one.
     """
 
     calibration_batches: int = 4
@@ -284,12 +391,12 @@ class HostMemoryProbe:
                 self._measuring = False
 
     def _start(self, heap_in_use: Callable[[], int]) -> tuple[int, int] | None:
-        """Reset the high-water mark; the resident bytes and malloc's bytes in use now."""
+        """Start the peak's window; the resident bytes and malloc's bytes in use now."""
         try:
             self.reset_peak()
             return self.read_status()["VmRSS"], heap_in_use()
         except (OSError, KeyError, ValueError) as exc:
-            # No /proc (not Linux) or no right to reset it: measure nothing from now on.
+            # No /proc (not Linux): measure nothing from now on.
             log.info("host memory of batches is not measured: %r", exc)
             with self._lock:
                 self._disabled = True
@@ -301,7 +408,7 @@ class ProbeReading:
     bytes_per_sample: float | None = None
     """The body's peak per sample; None when it could not be measured cleanly."""
     reset: bool = False
-    """Whether ``VmHWM`` was reset for it."""
+    """Whether the resident peak's window was started for it."""
     heap_peak: int = 0
     """The most bytes malloc had in use at a sample."""
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _BATCH_BUCKETS = (1, 5, 10, 25, 50, 100, 200, 400, 800, 1000, 2000, 5000, 10000)
@@ -64,3 +66,19 @@ class Metrics:
         self.requests = Counter(
             "hapi_requests", "requests by endpoint and status", ["endpoint", "status"], registry=r
         )
+        self.process_resident_bytes = Gauge(
+            "hapi_process_resident_bytes",
+            "resident memory of this process now (/proc/self/statm)",
+            registry=r,
+        )
+        self.process_resident_peak_bytes = Gauge(
+            "hapi_process_resident_peak_bytes",
+            "highest resident memory of this process, sampled (VmHWM is never reset)",
+            registry=r,
+        )
+
+    def watch_process(self, now: Callable[[], int], peak: Callable[[], int]) -> None:
+        """Report the process's resident memory ``now`` and its sampled ``peak`` at every
+        scrape."""
+        self.process_resident_bytes.set_function(lambda: float(now()))
+        self.process_resident_peak_bytes.set_function(lambda: float(max(peak(), now())))

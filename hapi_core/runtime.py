@@ -14,7 +14,7 @@ from typing import Any, Self
 import torch
 
 from .adaptation import DeviceScheduler, Timers
-from .devices import Device, discover_devices
+from .devices import PROCESS_MEMORY, Device, discover_devices, resident_bytes
 from .estimates import MemoryEstimator
 from .metrics import Metrics
 from .settings import CoreSettings
@@ -57,6 +57,9 @@ class CoreRuntime:
         torch.backends.cuda.matmul.allow_tf32 = settings.allow_tf32
         devices = discover_devices(settings)
         metrics = Metrics()
+        # Sampled, not VmHWM: the process's peak as /metrics reports it and the batch probe reads.
+        PROCESS_MEMORY.start(settings.memory_sample_interval_s)
+        metrics.watch_process(resident_bytes, lambda: PROCESS_MEMORY.peak_bytes)
         weights = WeightsCache(settings.weights_cache_bytes)
         schedulers = {}
         for device in devices:
@@ -65,6 +68,8 @@ class CoreRuntime:
                 sched.timers = timers
             sched.resident_weights = weights.resident_bytes
             sched.evict_idle = weights.evict_idle
+            if not device.is_cuda and settings.count_process_memory:
+                sched.process_memory = resident_bytes
             schedulers[device.name] = sched
         log.info(
             "HAPI devices: %s",

@@ -34,6 +34,14 @@ class CoreSettings(BaseModel):
     gpu_memory_limit_bytes: int | None = Field(
         None, description="cap a GPU's usable memory (testing)"
     )
+    count_process_memory: bool = Field(
+        True,
+        description="on a CPU, count the process's resident memory beyond the reserve, the "
+        "planned requests and the resident weights as occupied (off: plan the budget alone)",
+    )
+    memory_sample_interval_s: float = Field(
+        0.01, gt=0, le=10, description="how often the process's resident memory is sampled"
+    )
     framework_reserve_bytes: int = Field(
         256 * MiB, ge=0, description="memory per device never planned (framework, allocator)"
     )

@@ -44,6 +44,7 @@ def budget_server(
     return server_factory(
         devices="cpu",  # the planner on a configured budget (a GPU's would be NVML's, 80 GB)
         cpu_memory_budget_bytes=BUDGET,
+        count_process_memory=False,  # the plan's arithmetic alone, not the server's RSS
         framework_reserve_bytes=RESERVE,
         b_min=B_MIN,
         adaptation_window_s=0.2,  # gather the burst into few rounds

@@ -140,6 +140,7 @@ def limited_server(
         devices="cpu",  # RLIMIT_DATA bounds host memory: the test is about the CPU device
         adaptation=adaptation,
         cpu_memory_budget_bytes=weights_bytes(ARCH) + PLANNABLE,
+        count_process_memory=False,  # the plan's arithmetic alone, not the server's RSS
         framework_reserve_bytes=0,
         b_min=1,
         adaptation_window_s=0.2,

@@ -67,6 +67,7 @@ def tight_server(
     return server_factory(
         devices="cpu",  # the queue on a configured CPU budget, GPU or not
         cpu_memory_budget_bytes=BUDGET,
+        count_process_memory=False,  # the plan's arithmetic alone, not the server's RSS
         framework_reserve_bytes=RESERVE,
         b_min=B_MIN,
         queue_limit=1,

@@ -235,3 +235,51 @@ def test_an_image_changed_after_indexing_is_named_in_every_mode(
     assert f"{data}/{victim}" in refused.value.detail
     with pytest.raises(ChangedObjectError, match=f"{data}/{victim}"):
         list(_dataset(client_env, client, index, mode="baseline"))
+
+
+def test_a_webdataset_shard_overwritten_after_indexing_is_named_in_every_mode(
+    client_env: ClientEnv, client: HapiClient, tmp_path: Path
+) -> None:
+    conn = client_env.stack.connection()
+    data = _unique("wds-changing")
+    conn.put_container(data)
+    source = get_source(f"photos:train?per_class={PER_CLASS}&size=96x72")
+    samples = [(image, label) for image, _, label in source]
+    half = len(samples) // 2
+    chunks = (samples[:half], samples[half:])
+    for k, chunk in enumerate(chunks):
+        tar = webdataset_tar([s[0] for s in chunk], [s[1] for s in chunk], label_field="y")
+        conn.put_object(data, f"shards/train-{k:04d}.tar", tar)
+    index_dataset(
+        conn, data, layout="webdataset", label_field="y", state_dir=tmp_path, progress=False
+    )
+    victim = "shards/train-0000.tar"
+    # As many samples as indexed, other images: only the pinned etag can tell.
+    swapped = [s[0] for s in chunks[1][:half]]
+    conn.put_object(
+        data, victim, webdataset_tar(swapped, [s[1] for s in chunks[0]], label_field="y")
+    )
+    named = f"{data}/{victim} changed after it was indexed"
+    for attempt in (
+        lambda: list(_dataset(client_env, client, data, cache_features=False)),
+        lambda: _finetune(client, client_env, data, "all_in_cos"),
+    ):
+        with pytest.raises(ServerError) as refused:
+            attempt()
+        assert refused.value.status == 409 and refused.value.code == "object_changed"
+        assert named in refused.value.detail
+    with pytest.raises(ChangedObjectError, match=named):
+        list(_dataset(client_env, client, data, mode="baseline"))
+    # Fewer samples than indexed: the same refusal, not a count that does not add up.
+    fewer = chunks[0][:-1]
+    conn.put_object(
+        data,
+        victim,
+        webdataset_tar([s[0] for s in fewer], [s[1] for s in fewer], label_field="y"),
+    )
+    conn.close()
+    with pytest.raises(ServerError, match=named) as refused:
+        list(_dataset(client_env, client, data, cache_features=False))
+    assert refused.value.code == "object_changed"
+    with pytest.raises(ChangedObjectError, match=named):
+        list(_dataset(client_env, client, data, mode="baseline"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import hapi_models
@@ -19,7 +20,15 @@ import pytest
 import torch
 from swiftclient.client import Connection
 
-from hapi_client import FeatureDataset, HapiClient, OptimizerConfig, StoredModel, SwiftCredentials
+from hapi_client import (
+    FeatureDataset,
+    HapiClient,
+    OptimizerConfig,
+    ServerError,
+    StoredModel,
+    SwiftCredentials,
+)
+from hapi_client.datasets import index_dataset
 from hapi_client.options import ExtractOptions, TrainOptions
 from hapi_contract import OutputDtype
 from hapi_stack import RunningStack
@@ -281,3 +290,45 @@ def test_a_client_fine_tunes_on_a_folder_dataset_through_the_filter(
     (epoch,) = result.history
     assert (epoch.samples, epoch.split_index, epoch.iterations) == (len(mw_data.labels), 4, 3)
     assert all(torch.isfinite(p).all() for p in result.model.parameters())
+
+
+def test_a_webdataset_tar_overwritten_after_indexing_is_a_409_naming_it(
+    proxy: ProxyProcess,
+    mw_data: MwData,
+    swift_stack: RunningStack,
+    swift_conn: Connection,
+    mw_server: ServerProcess,
+    tmp_path: Path,
+) -> None:
+    data = _unique("wds-changed")
+    swift_conn.put_container(data)
+    images, labels = mw_data.images[:3], mw_data.labels[:3]
+    swift_conn.put_object(data, WDS_SHARD, webdataset_tar(images, labels, label_field="label"))
+    index_dataset(
+        swift_conn,
+        data,
+        layout="webdataset",
+        label_field="label",
+        state_dir=tmp_path,
+        progress=False,
+    )
+    stored = _resnet18(swift_conn, mw_data)
+    named = f"{data}/{WDS_SHARD} changed after it was indexed"
+    # The same number of samples with other images, then fewer: each refused by its pin.
+    for changed in (mw_data.images[3:6], mw_data.images[3:5]):
+        tar = webdataset_tar(changed, labels[: len(changed)], label_field="label")
+        swift_conn.put_object(data, WDS_SHARD, tar)
+        with _client(swift_stack, mw_server, proxy) as client:
+            ds = FeatureDataset(
+                client,
+                data,
+                stored,
+                batch_size=4,
+                split=4,
+                transform=SIDE_64,
+                output_dtype="float32",
+                cache_features=False,
+            )
+            with pytest.raises(ServerError, match=named) as refused:
+                list(ds)
+        assert refused.value.status == 409 and refused.value.code == "object_changed"

@@ -81,6 +81,9 @@ def _upload_model(args: argparse.Namespace) -> int:
     )
     print(f"  object  {stored.container}/{stored.object}")
     print(f"  sha256  {stored.sha256}")
+    if stored.random_seed is not None:
+        # The how-to is the library's warning on stderr; this line keeps the summary honest.
+        print(f"  weights RANDOM initialisation (seed {stored.random_seed}), not pretrained")
     seconds = f"in {time.perf_counter() - start:.1f} s"
     if not uploaded:
         print(f"  already stored, nothing sent {seconds}")

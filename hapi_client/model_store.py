@@ -30,6 +30,10 @@ class StoredModel:
     object: str
     sha256: str
     nbytes: int = 0
+    #: The seed of a random initialisation (no pretrained weights were given), else None; a
+    #: descriptor from before this field says None. Written only when set, so descriptors of
+    #: trained weights keep their bytes.
+    random_seed: int | None = None
 
     def ref(self) -> ModelRef:
         return ModelRef(
@@ -46,6 +50,31 @@ class StoredModel:
 #: ``weights=`` values that name a source rather than a file.
 TORCHVISION_WEIGHTS = "torchvision"
 PACKAGED_WEIGHTS = "imagenet"
+
+
+def is_random_init(arch: str, weights: str | Path | None) -> bool:
+    """Whether :func:`pretrained_model` gives ``arch`` a random initialisation for ``weights``."""
+    return weights is None and not hapi_models.get_spec(arch).has_pretrained
+
+
+def random_weights_note(arch: str, seed: int) -> str:
+    """What a user must be told about a randomly initialised ``arch``, and how to do better."""
+    if arch.startswith("timm/"):
+        how = (
+            "--weights FILE with timm's pretrained weights (e.g. the state_dict of "
+            f"timm.create_model({arch.removeprefix('timm/')!r}, pretrained=True), saved "
+            "with safetensors)"
+        )
+    else:
+        how = (
+            "--weights torchvision (torchvision's ImageNet weights, from torch's hub cache or "
+            "downloaded) or --weights FILE (a checkpoint of your own)"
+        )
+    return (
+        f"random weights (seed {seed}): {arch} has no packaged weights and none were given, so "
+        "its frozen layers give random features and fine-tuning learns little; for pretrained "
+        f"weights upload it again with {how}"
+    )
 
 
 def pretrained_model(
@@ -107,15 +136,19 @@ def upload_model(
     obj = f"{arch}.safetensors"
     conn.put_container(container)
     result = put_object_if_changed(conn, container, obj, blob, "application/octet-stream")
-    stored = StoredModel(arch, classes, container, obj, sha, len(blob))
+    random_seed = seed if is_random_init(arch, weights) else None
+    stored = StoredModel(arch, classes, container, obj, sha, len(blob), random_seed)
+    descriptor = {k: v for k, v in asdict(stored).items() if k != "random_seed" or v is not None}
     put_object_idempotent(
         conn,
         container,
         f"{arch}.json",
-        json.dumps(asdict(stored), indent=2).encode(),
+        json.dumps(descriptor, indent=2).encode(),
         "application/json",
     )
     uploaded = result.uploaded
+    if random_seed is not None:
+        log.warning("model %s: %s", stored.name, random_weights_note(arch, random_seed))
     log.info(
         "model %s: %d bytes, sha256 %s (%s)",
         stored.name,

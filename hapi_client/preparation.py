@@ -19,7 +19,7 @@ import hapi_models
 from hapi_contract import DatasetManifest, ProfileSpec, profile_to_spec
 
 from .errors import ConfigurationError
-from .model_store import StoredModel, download_model, resolve_model
+from .model_store import StoredModel, download_model, random_weights_note, resolve_model
 
 if TYPE_CHECKING:
     from .client import HapiClient
@@ -94,6 +94,10 @@ def prepare_model(
         stored.nbytes / 1e6,
         time.perf_counter() - began,
     )
+    if stored.random_seed is not None:
+        status.warning(
+            "model %s: %s", stored.name, random_weights_note(stored.arch, stored.random_seed)
+        )
     transform = rescale_transform(transform or net.transform, image_size)
     freeze = net.default_freeze_index if freeze_index is None else freeze_index
     if isinstance(freeze, bool) or not isinstance(freeze, int) or not 0 <= freeze < net.num_layers:

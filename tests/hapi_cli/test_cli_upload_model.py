@@ -43,8 +43,9 @@ def _run(
     conn: _Conn,
     *,
     uploaded: bool,
+    random_seed: int | None = None,
 ) -> str:
-    stored = StoredModel("alexnet", 10, "models", "alexnet.safetensors", _NEW, 1000)
+    stored = StoredModel("alexnet", 10, "models", "alexnet.safetensors", _NEW, 1000, random_seed)
     monkeypatch.setattr(model_cmd, "connect", lambda args: conn)
     monkeypatch.setattr(hapi_client, "upload_model", lambda *a, **k: (stored, uploaded))
     assert main(["upload", "model", "--arch", "alexnet"]) == 0
@@ -78,3 +79,12 @@ def test_a_mistyped_timm_name_gets_a_timm_suggestion(capsys: pytest.CaptureFixtu
     # Issue 28, case 9: the suggestion kept its family ("resnet18" was suggested before).
     assert main(["upload", "model", "--arch", "timm/resnet18dd"]) == 2
     assert "did you mean 'timm/resnet18d'?" in capsys.readouterr().err
+
+
+def test_random_weights_are_said_in_the_summary(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 28, case 13: "alexnet, 10 classes, 0.0 MB" did not say the weights were random.
+    out = _run(monkeypatch, capsys, _Conn(), uploaded=True, random_seed=0)
+    assert "  weights RANDOM initialisation (seed 0), not pretrained\n" in out
+    assert "RANDOM" not in _run(monkeypatch, capsys, _Conn(), uploaded=True)

@@ -138,6 +138,9 @@ class FeatureDataset(IterableDataset[Batch]):
         preflight: check Swift, the container, the model and the server in seconds before
             anything else (:func:`~hapi_client.preflight.preflight`); only when the dataset
             prepares its model itself (not with ``prepared``, whose maker checked).
+        evaluation: a held-out pass of a training run, at the split the training uses: its
+            status lines say so (an evaluation pass, the training's split) instead of an
+            epoch's and a split decided by the caller.
 
     Use it directly in a ``for`` loop or through ``DataLoader(ds, batch_size=None)`` with
     ``num_workers=0`` (the dataset prefetches on its own threads). After an epoch ends the next
@@ -174,8 +177,10 @@ class FeatureDataset(IterableDataset[Batch]):
         verify_samples: int = 4,
         prepared: PreparedModel | None = None,
         preflight: bool = True,
+        evaluation: bool = False,
     ) -> None:
         super().__init__()
+        self.evaluation = evaluation
         if mode not in ("hapi", "baseline"):
             raise ConfigurationError(f"mode must be 'hapi' or 'baseline', got {mode!r}")
         # The keywords a user's own loop passes are checked by the option objects every other
@@ -258,6 +263,7 @@ class FeatureDataset(IterableDataset[Batch]):
         world_size: int | None = None,
         verify_fraction: float = 0.0,
         verify_samples: int = 4,
+        evaluation: bool = False,
     ) -> FeatureDataset:
         """The dataset of a prepared model (:func:`~hapi_client.preparation.prepare_model`,
         which applied ``extract``'s freeze index and crop size) under the shared options."""
@@ -280,6 +286,7 @@ class FeatureDataset(IterableDataset[Batch]):
             verify_fraction=verify_fraction,
             verify_samples=verify_samples,
             prepared=prepared,
+            evaluation=evaluation,
         )
 
     # -- what the user reads ------------------------------------------------------------------
@@ -442,7 +449,9 @@ class FeatureDataset(IterableDataset[Batch]):
                 if first:
                     first = False
                     status.info(
-                        "epoch %d: first batch %.2f s after the epoch began",
+                        "evaluation pass %d: first batch %.2f s after the pass began"
+                        if self.evaluation
+                        else "epoch %d: first batch %.2f s after the epoch began",
                         epoch,
                         time.perf_counter() - began,
                     )
@@ -505,7 +514,14 @@ class FeatureDataset(IterableDataset[Batch]):
         )
         # Measured once per run; a re-plan at an epoch boundary reuses them.
         self._costs = plan.costs or self._costs
-        if current is None or plan.decision.split_index != current.split_index:
+        if self.evaluation:
+            # Nothing was decided here: the training's split is reused, whoever chose it.
+            status.info(
+                "evaluation at split %d (freeze %d): the training's split, not decided again",
+                plan.decision.split_index,
+                self.freeze_index,
+            )
+        elif current is None or plan.decision.split_index != current.split_index:
             status.info(
                 "split %d (freeze %d) decided in %.2f s: %s",
                 plan.decision.split_index,

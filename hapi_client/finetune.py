@@ -248,6 +248,7 @@ def run_finetune(
                     rank=0,
                     world_size=1,
                     shuffle=False,
+                    evaluation=True,
                 )
             eval_acc = _evaluate(local, held_out, device)
         bw = client.bandwidth.bytes_per_s
@@ -427,6 +428,7 @@ def _all_in_cos(
             mode="baseline",
             prepared=eval_prepared,
             shuffle=False,
+            evaluation=True,
         )
         eval_acc = _evaluate(held_out.local_model("cpu"), held_out, "cpu")
     history = []

@@ -272,3 +272,49 @@ def test_quieting_turns_urllib3_retry_warnings_into_debug_records() -> None:
     # Still there for --debug, at debug level.
     assert "DEBUG urllib3.connectionpool Retrying" in debug
     assert "WARNING" not in debug
+
+
+def test_the_evaluation_pass_says_it_is_one_and_decides_no_split(
+    client_env: ClientEnv, status_lines: _Recorder
+) -> None:
+    # Issue 28, case 16: it logged "epoch 0: first batch" and "decided ...: forced by the caller".
+    with client_env.client() as client:
+        client.finetune(
+            model=client_env.models["efficientnet_lite0"].name,
+            container=client_env.train,
+            eval_container=client_env.test,
+            train=TrainOptions(batch_size=8, epochs=1, seed=0),
+            extract=ExtractOptions(split="auto"),
+            transform=SMALL,
+            progress=False,
+        )
+    lines = status_lines.messages(logging.INFO)
+    decided = [line for line in lines if re.search(r"^split \d+ \(freeze \d+\) decided", line)]
+    assert len(decided) == 1 and "forced by the caller" not in decided[0], lines
+    split = int(decided[0].split()[1])
+    assert any(
+        line.startswith(f"evaluation at split {split} (freeze ")
+        and line.endswith("the training's split, not decided again")
+        for line in lines
+    ), lines
+    firsts = [line for line in lines if "first batch" in line]
+    assert len(firsts) == 2 and firsts[0].startswith("epoch 0: "), firsts
+    assert firsts[1].startswith("evaluation pass 0: first batch"), firsts
+
+
+def test_a_random_initialisation_is_named_at_upload_and_when_prepared(
+    client_env: ClientEnv, status_lines: _Recorder
+) -> None:
+    # Issue 28, case 13: alexnet has no packaged weights; the fixture uploaded it without any.
+    from hapi_client.preparation import prepare_model
+
+    stored = client_env.models["alexnet"]
+    assert stored.random_seed == 0
+    assert client_env.models["efficientnet_lite0"].random_seed is None
+    with client_env.client() as client:
+        # By name: the descriptor read back from Swift carries the seed.
+        prepare_model(client, stored.name, client_env.train, transform=SMALL)
+        prepare_model(client, client_env.models["efficientnet_lite0"].name, client_env.train)
+    warned = [line for line in status_lines.messages(logging.WARNING) if "random weights" in line]
+    assert len(warned) == 1 and warned[0].startswith(f"model {stored.name}: random weights")
+    assert "--weights torchvision" in warned[0]

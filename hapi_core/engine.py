@@ -83,6 +83,8 @@ class ExtractionJob:
     encoder: FrameEncoder
     host_memory: HostMemoryProbe = field(default_factory=lambda: HOST_MEMORY)
     """Measures a CPU batch of a request that runs alone (the schedulers' probe)."""
+    names: Sequence[str] | None = None
+    """Where each image came from (its object, or its shard and key), for the decode's errors."""
 
 
 def run_batch(
@@ -96,15 +98,21 @@ def run_batch(
     encoder: FrameEncoder,
     max_pixels: int,
     stats: JobStats,
+    names: Sequence[str] | None = None,
 ) -> bytes:
     """Decode, run the head over, and encode samples ``[start, start + batch_size)``.
 
     The one per-batch step of both the HAPI server and the proxy filter's in-proxy execution.
+    An image that does not decode is an ``ImageDecodeError`` led by its entry in ``names``.
     """
     stop = min(len(images), start + batch_size)
     try:
         t0 = time.perf_counter()
-        x = transform.decode_batch(list(images[start:stop]), max_pixels=max_pixels)
+        x = transform.decode_batch(
+            images[start:stop],
+            max_pixels=max_pixels,
+            names=None if names is None else names[start:stop],
+        )
         t1 = time.perf_counter()
         with torch.inference_mode():
             y = head(x.to(device, non_blocking=True)).to("cpu")
@@ -154,6 +162,7 @@ def iter_frames(job: ExtractionJob, stats: JobStats) -> Iterator[bytes]:
                 job.encoder,
                 job.max_pixels,
                 stats,
+                job.names,
             )
         if job.device.is_cuda:
             peak = (torch.cuda.max_memory_allocated(device) - base) / done

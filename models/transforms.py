@@ -8,7 +8,7 @@ bytes into identical tensors through this one function.
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -66,12 +66,32 @@ class InputTransform:
     def __call__(self, image: Image.Image) -> torch.Tensor:
         return self.pipeline()(image.convert("RGB"))
 
-    def decode_batch(self, images: list[bytes], *, max_pixels: int | None = None) -> torch.Tensor:
-        """Decode encoded images (JPEG/PNG bytes) and stack them into an ``[N, 3, crop, crop]`` batch."""
+    def decode_batch(
+        self,
+        images: Sequence[bytes],
+        *,
+        max_pixels: int | None = None,
+        names: Sequence[str] | None = None,
+    ) -> torch.Tensor:
+        """Decode encoded images (JPEG/PNG bytes) and stack them into an ``[N, 3, crop, crop]`` batch.
+
+        ``names`` says where each image came from (its object, or its shard and key): an
+        image that does not decode is an :class:`ImageDecodeError` led by its name, since a
+        header check before cannot find a body cut short and the caller must know which of
+        thousands of objects to fix.
+        """
+        if names is not None and len(names) != len(images):
+            raise ValueError(f"{len(names)} names for {len(images)} images")
         pipe = self.pipeline()
         out = torch.empty((len(images), *self.input_shape), dtype=torch.float32)
         for i, data in enumerate(images):
-            out[i] = pipe(decode_image(data, max_pixels=max_pixels))
+            try:
+                image = decode_image(data, max_pixels=max_pixels)
+            except ImageDecodeError as exc:
+                if names is None:
+                    raise
+                raise ImageDecodeError(f"{names[i]}: {exc}") from exc
+            out[i] = pipe(image)
         return out
 
 

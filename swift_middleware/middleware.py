@@ -48,14 +48,19 @@ node_timeout                600          seconds to wait for each read from a HA
 retry_after                 5            ``Retry-After`` of the 503 when no server is up
 device                      auto         in_proxy: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``
 torch_threads               torch's      in_proxy: torch intra-op threads
-max_concurrent              2            in_proxy: extractions running at once (others wait)
+max_concurrent              2            in_proxy: extractions running at once (others wait,
+                                         at most queue_limit of them)
 memory_budget_bytes         2 GiB        in_proxy: memory the extractions may plan on the CPU
                                          (a GPU's total comes from NVML)
 framework_reserve_bytes     256 MiB      in_proxy: memory per device never planned
 gpu_memory_limit_bytes      (none)       in_proxy: cap a GPU's usable memory
 b_min                       25           in_proxy: smallest COS batch the adaptation hands out
-queue_limit                 64           in_proxy: requests waiting for memory before a 503
-request_timeout             600          in_proxy: longest wait for memory before a 504
+queue_limit                 64           in_proxy: requests waiting for a slot, and for memory,
+                                         before a 503
+request_timeout             600          in_proxy: longest time from arrival to the stream's
+                                         start (slot, reads, memory) before a 504
+send_timeout                60           in_proxy: a client that takes no frame for this long
+                                         is cut off (its slot and memory freed)
 weights_cache_bytes         1 GiB        in_proxy: idle verified models kept loaded
 max_object_bytes            1 GiB        in_proxy: largest shard
 max_weights_bytes           2 GiB        in_proxy: largest weights object

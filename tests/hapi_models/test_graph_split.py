@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import hapi_models as hm
 import pytest
 import torch
 import torchvision.models
 from torch import nn
+
+from tests.hapi_models.split_exactness import (
+    assert_exact_at_every_split_point,
+    reference_activations,
+)
 
 TORCHVISION = torchvision.models.list_models(module=torchvision.models)
 # The issue's modern backbones, the bench scenario's: each split point checked for exactness.
@@ -38,22 +44,39 @@ def test_every_torchvision_network_yields_split_points(arch: str) -> None:
     assert points[-1].sample_shape == (1000,)
 
 
+def _native(arch: str, model: hm.SplittableModel) -> tuple[nn.Module, dict[str, Any]]:
+    """The library's own network with ``model``'s weights, and the tracer options it needs."""
+    if arch.startswith("timm/"):
+        import timm
+        from timm.models import get_notrace_functions, get_notrace_modules
+
+        net = timm.create_model(arch.removeprefix("timm/"), num_classes=model.num_classes)
+        kwargs = {
+            "leaf_modules": list(get_notrace_modules()),
+            "autowrap_functions": list(get_notrace_functions()),
+        }
+    else:
+        net, kwargs = torchvision.models.get_model(arch, num_classes=model.num_classes), {}
+    state = model.state_dict()
+    net.load_state_dict({native: state[ours] for native, ours in model.native_keys.items()})
+    return net.eval(), kwargs
+
+
 @pytest.mark.parametrize("arch", [*MODERN, *TIMM])
 def test_tail_of_head_is_the_network_at_every_split_point(arch: str) -> None:
     torch.manual_seed(0)
     model = hm.get_model(arch, num_classes=7)
     size = FIXED_SIZE.get(arch, 64)
     x = torch.randn(2, 3, size, size)
+    # The reference: the library's own network, every split point's activation in one pass.
+    net, tracer_kwargs = _native(arch, model)
+    reference = reference_activations(net, model.layer_names, x, tracer_kwargs)
     with torch.no_grad():
-        full = model(x)
-        assert full.shape == (2, 7)
-        features = x
-        for split in range(model.num_layers + 1):
-            # The same operations in the same order: equal up to float32 rounding at most.
-            torch.testing.assert_close(model.tail(split)(features), full)
-            if split < model.num_layers:
-                features = model.layers[split](features)
-        torch.testing.assert_close(model.head(model.num_layers)(x), full)
+        expected = net(x)
+    full = assert_exact_at_every_split_point(
+        model, x, reference=reference, reference_output=expected
+    )
+    assert full.shape == (2, 7)
 
 
 def test_split_points_are_module_paths_and_the_classifier_is_trainable() -> None:

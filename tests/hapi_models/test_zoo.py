@@ -6,6 +6,8 @@ import hapi_models as hm
 import pytest
 import torch
 
+from tests.hapi_models.split_exactness import assert_exact_at_every_split_point
+
 # Table 5.2 of the thesis, with AlexNet and VGG11 under the one consistent counting rule
 # (the table prints 22 and 28; see hapi_models.zoo.plain_cnns).
 EXPECTED = {
@@ -59,13 +61,8 @@ def test_every_split_is_exact(name: str) -> None:
     torch.manual_seed(0)
     model = hm.get_model(name, num_classes=7)
     x = torch.randn(2, 3, 64, 64)
-    with torch.inference_mode():
-        full = model(x)
-        assert full.shape == (2, 7)
-        for split in range(model.num_layers + 1):
-            features = model.head(split)(x)
-            out = model.tail(split)(features)
-            torch.testing.assert_close(out, full, rtol=1e-5, atol=1e-6, msg=f"split {split}")
+    full = assert_exact_at_every_split_point(model, x, rtol=1e-5, atol=1e-6)
+    assert full.shape == (2, 7)
 
 
 def test_split_matches_the_torchvision_forward() -> None:

@@ -31,7 +31,7 @@ CODE = {"bash", "sh", "shell", "python", "console"}
 
 #: The snippets each test runs, per document.
 RUN = {
-    "README.md": ["quickstart", "weights", "cli", "own-loop", "vit-upload", "vit-loop"]
+    "README.md": ["quickstart", "weights", "cli", "own-loop", "reload", "vit-upload", "vit-loop"]
     + ["recipe", "workers"],
     "docs/datasets.md": ["index", "index-finetune"],
     "docs/server.md": ["upload", "curl", "decode"],  # tests/hapi_server/test_server_docs.py
@@ -162,6 +162,9 @@ def test_the_readme_and_docs_datasets_run_as_pasted(own_stack: dict[str, str]) -
         assert "finetune" in out and "--batch-size" in out
         out = _run_python(snippet("README.md", "own-loop").code, own_stack)
         assert re.search(r"^split \d+: ", out, re.M) and "epoch 2: loss" in out
+        # Reloads what own-loop saved (in the same working directory) and evaluates it.
+        out = _run_python(snippet("README.md", "reload").code, own_stack)
+        assert re.search(r"^held-out accuracy [\d.]+ on 100 images$", out, re.M), out
         out = _run_bash(snippet("README.md", "vit-upload").code, own_stack)
         assert "vit_b_16" in out
         out = _run_python(snippet("README.md", "vit-loop").code, own_stack)

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import stat
+import threading
 from pathlib import Path
 
+import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import nn
 
 from .errors import CheckpointError, ChecksumMismatchError, WeightsError
+
+log = logging.getLogger(__name__)
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -123,8 +128,37 @@ def load_weights(
         state = st_load(blob if isinstance(blob, bytes) else bytes(blob))
     except (SafetensorError, ValueError) as exc:
         raise WeightsError(f"not a safetensors blob: {exc}") from exc
+    state = _with_legacy_input_rescale(model, state, digest)
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:
         raise WeightsError(f"weights do not fit the model: {exc}") from exc
     return digest
+
+
+_LEGACY_LOGGED: set[str] = set()
+_LEGACY_LOCK = threading.Lock()
+
+
+def _with_legacy_input_rescale(
+    model: nn.Module, state: dict[str, torch.Tensor], digest: str
+) -> dict[str, torch.Tensor]:
+    """``state``, with GoogLeNet's or Inception-v3's transform_input on where it has none (see
+    :func:`~hapi_models.zoo.graph_families.legacy_input_rescale`); logged once per blob."""
+    # Local: the zoo imports the registry, which imports this module lazily.
+    from .zoo.graph_families import legacy_input_rescale
+
+    legacy = legacy_input_rescale(model, state)
+    if not legacy:
+        return state
+    with _LEGACY_LOCK:
+        first = digest not in _LEGACY_LOGGED
+        _LEGACY_LOGGED.add(digest)
+    if first:
+        log.warning(
+            "weights %s hold no transform_input (%s): stored before it travelled with the "
+            "weights, when it was always on; loading them with it on, as they were uploaded",
+            digest[:12],
+            ", ".join(sorted(legacy)),
+        )
+    return {**state, **legacy}

@@ -78,6 +78,29 @@ def input_rescale_state(arch: str, *, on: bool) -> dict[str, torch.Tensor]:
     }
 
 
+def legacy_input_rescale(
+    model: nn.Module, state: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The entries of ``model``'s :class:`InputRescale` that ``state`` lacks altogether, filled
+    in on, with torchvision's constants; empty when the model has none or ``state`` holds any
+    of them (a partial set stays for the strict load to refuse).
+
+    Weights stored before the flag became these buffers have no such entries: HAPI then built
+    GoogLeNet and Inception-v3 with ``transform_input=True`` always, so on is exactly what they
+    were uploaded for.
+    """
+    on = input_rescale_state("googlenet", on=True)  # the same constants for both networks
+    wanted = {
+        f"{name}.{buffer}": on[f"{INPUT_RESCALE}.{buffer}"]
+        for name, module in model.named_modules()
+        if isinstance(module, InputRescale)
+        for buffer in ("scale", "shift")
+    }
+    if not wanted or any(key in state for key in wanted):
+        return {}
+    return wanted
+
+
 def _with_input_rescale(base: type[nn.Module]) -> type[nn.Module]:
     """``base`` (GoogLeNet or Inception3) whose transform_input is an :class:`InputRescale`."""
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import hapi_models as hm
 import pytest
+import safetensors.torch
 import torch
 import torchvision.models as tvm
 from torch import nn
@@ -96,3 +97,31 @@ def test_a_random_initialisation_has_transform_input_off() -> None:
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
         torch.testing.assert_close(model.layers[0](x), x, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("arch", ["googlenet", "inception_v3"])
+def test_weights_stored_before_the_rescale_travelled_load_with_it_on(
+    arch: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Uploads made when HAPI built these networks with transform_input=True always: their
+    # blobs hold every weight but no input_rescale buffers.
+    native = _native(arch, aux_logits=False, transform_input=True)
+    model = hm.import_weights(arch, native.state_dict(), transform_input=True)
+    old = {k: v for k, v in model.state_dict().items() if "input_rescale" not in k}
+    assert len(old) == len(model.state_dict()) - 2
+    blob = save_file_bytes(old)
+    with caplog.at_level(logging.WARNING, logger="hapi_models"):
+        loaded = hm.get_model(arch, num_classes=1000, weights=blob)
+        again = hm.get_model(arch, num_classes=1000, weights=blob)
+    _assert_same_features(loaded, native, arch)
+    _assert_same_features(again, native, arch)
+    said = [r.getMessage() for r in caplog.records if "transform_input" in r.getMessage()]
+    assert len(said) == 1 and "with it on" in said[0], said
+    # Half a rescale is not an old upload: still refused.
+    (partial := dict(old))["layers.0.input_rescale.scale"] = torch.ones(3)
+    with pytest.raises(hm.WeightsError, match="do not fit"):
+        hm.get_model(arch, num_classes=1000, weights=save_file_bytes(partial))
+
+
+def save_file_bytes(state: dict[str, torch.Tensor]) -> bytes:
+    return safetensors.torch.save({k: v.contiguous() for k, v in state.items()})

@@ -3,10 +3,12 @@
 Without ``ARCH``: one line per listed architecture (the thesis' seven, every torchvision
 classification network, every installed ``hapi.models`` plugin's) with its default freeze index
 and what one sample's output there weighs. With names (``timm/NAME`` too): every split point of
-each. Shapes come from :func:`hapi_models.split_points` on the meta device; nothing is computed,
-but every network is traced once, which for the whole listing takes about a minute on a 2-core
-CPU. A listed network that cannot be traced is named on stderr and the listing goes on (exit
-status 1); an unknown ``ARCH`` is a usage error (exit status 2) before anything is traced.
+each. Shapes come from :func:`hapi_models.describe_model` on the meta device; nothing is
+computed, but a network not yet in the user's cache (``$HAPI_CACHE_DIR``, ``docs/models.md``) is
+traced once, which for the whole listing takes about a minute on a 2-core CPU; once cached, the
+listing takes seconds. A listed network that cannot be traced (or a plugin that fails to load) is
+named on stderr and the listing goes on (exit status 1); an unknown ``ARCH`` is a usage error
+(exit status 2) before anything is traced.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from .parsers import RawDescriptionDefaultsHelpFormatter
 from .tables import format_table
 
 if TYPE_CHECKING:
-    from hapi_models import ModelSpec, SplitPoint
+    from hapi_models import ModelListing
 
 __all__ = ["DEFAULT_JPEG_KB", "register"]
 
@@ -40,14 +42,8 @@ def _shape(shape: tuple[int, ...]) -> str:
     return "x".join(str(d) for d in shape)
 
 
-def _points(spec: ModelSpec) -> list[SplitPoint]:
-    import hapi_models
-
-    return hapi_models.split_points(spec.name)
-
-
-def _summary(spec: ModelSpec, jpeg_bytes: float) -> dict[str, Any]:
-    points = _points(spec)
+def _summary(spec: ModelListing, jpeg_bytes: float) -> dict[str, Any]:
+    points = spec.split_points()
     freeze = points[spec.default_freeze_index]
     bf16 = freeze.bytes_per_sample(_BFLOAT16)
     return {
@@ -64,7 +60,7 @@ def _summary(spec: ModelSpec, jpeg_bytes: float) -> dict[str, Any]:
     }
 
 
-def _detail(spec: ModelSpec) -> dict[str, Any]:
+def _detail(spec: ModelListing) -> dict[str, Any]:
     return {
         "name": spec.name,
         "family": spec.family,
@@ -79,7 +75,7 @@ def _detail(spec: ModelSpec) -> dict[str, Any]:
                 "bytes_bfloat16": p.bytes_per_sample(_BFLOAT16),
                 "default_freeze": p.index == spec.default_freeze_index,
             }
-            for p in _points(spec)
+            for p in spec.split_points()
         ],
     }
 
@@ -137,22 +133,24 @@ def _models(args: argparse.Namespace) -> int:
     jpeg_bytes = args.jpeg_kb * 1e3
     if args.arch:
         # Every name first: a typo in the last one fails before the first is traced.
-        specs = [hapi_models.get_spec(name) for name in args.arch]
-        details = [_detail(spec) for spec in specs]
+        for name in args.arch:
+            hapi_models.get_spec(name)
+        details = [_detail(hapi_models.describe_model(name)) for name in args.arch]
         if args.json:
             print(json.dumps({"models": details}, indent=2))
         else:
             print("\n\n".join(_detail_table(d) for d in details))
         return 0
     rows: list[dict[str, Any]] = []
-    failed: dict[str, str] = {}
+    failed: dict[str, str] = hapi_models.broken_plugins()
     names = hapi_models.list_models()
-    for name in tqdm(names, desc="tracing", unit="model", file=sys.stderr, disable=None):
+    for name in tqdm(names, desc="listing", unit="model", file=sys.stderr, disable=None):
         # One network that cannot be traced (an operator's plugin) must not hide the others.
         try:
-            rows.append(_summary(hapi_models.get_spec(name), jpeg_bytes))
+            rows.append(_summary(hapi_models.describe_model(name), jpeg_bytes))
         except hapi_models.HapiModelError as exc:
             failed[name] = str(exc)
+    failed = dict(sorted(failed.items()))
     if args.json:
         print(json.dumps({"jpeg_bytes": jpeg_bytes, "models": rows, "failed": failed}, indent=2))
     else:

@@ -35,8 +35,17 @@ from .finetune import (
     train_step,
 )
 from .graph_split import GraphLayers, split_graph
+from .listing import Listing, ModelListing, describe_model, describe_models
 from .profiling import LayerProfile, ModelProfile, profile
-from .registry import ModelSpec, SplitLayout, get_model, get_spec, list_models, thesis_models
+from .registry import (
+    ModelSpec,
+    SplitLayout,
+    broken_plugins,
+    get_model,
+    get_spec,
+    list_models,
+    thesis_models,
+)
 from .split_points import SplitPoint, split_points
 from .splittable import SplittableModel
 from .transforms import ImageDecodeError, InputTransform, decode_image
@@ -62,6 +71,8 @@ __all__ = [
     "train_step",
     "GraphLayers",
     "HapiModelError",
+    "Listing",
+    "ModelListing",
     "ImageDecodeError",
     "InputSizeError",
     "InputTransform",
@@ -77,9 +88,12 @@ __all__ = [
     "UnknownModelError",
     "UntraceableModelError",
     "WeightsError",
+    "broken_plugins",
     "check_checkpoint",
     "checkpoint_format",
     "decode_image",
+    "describe_model",
+    "describe_models",
     "get_model",
     "get_spec",
     "import_weights",

@@ -102,6 +102,12 @@ def mark_broken(name: str, error: PluginError) -> None:
     _BROKEN[name] = error
 
 
+def broken_plugins() -> dict[str, str]:
+    """Each plugin architecture that failed to load, with the cause (after discovery)."""
+    _discover()
+    return {name: str(error) for name, error in sorted(_BROKEN.items())}
+
+
 def _discover() -> None:
     """Register the torchvision family and the plugins, once per process."""
     global _discovered

@@ -34,6 +34,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def model_listing_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One architecture-listing cache for the session: every server this suite starts (they
+    inherit the environment) traces each network once between them, and the user's own cache
+    is left alone."""
+    path = tmp_path_factory.mktemp("hapi-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HAPI_CACHE_DIR", str(path))
+        yield path
+
+
 @pytest.fixture(scope="session")
 def swift_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
     """The session's real Swift stack (admin ``test:tester``, other user ``test2:tester2``)."""

@@ -1,8 +1,8 @@
 """``hapi models``: the listing and each architecture's split points, as text and as JSON.
 
 The expected rows come from :func:`hapi_models.split_points` and the registry, which the command
-must print faithfully. The whole listing traces every network (about a minute on a 2-core CPU),
-so its test lists two of them.
+must print faithfully. The whole listing traces every network the cache does not hold yet (about
+a minute on a 2-core CPU), so its test lists two of them.
 """
 
 from __future__ import annotations
@@ -151,18 +151,30 @@ def test_jpeg_size_must_be_positive(capsys: pytest.CaptureFixture[str], value: s
 def test_listing_goes_on_past_a_network_that_cannot_be_traced(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = hapi_models.split_points
+    real = hapi_models.describe_model
 
-    def split_points(arch: str) -> list[hapi_models.SplitPoint]:
+    def describe_model(arch: str) -> hapi_models.ModelListing:
         if arch == "alexnet":
             raise hapi_models.UntraceableModelError("alexnet: a data-dependent branch")
         return real(arch)
 
     monkeypatch.setattr(hapi_models, "list_models", lambda: ["alexnet", "mobilenet_v3_small"])
-    monkeypatch.setattr(hapi_models, "split_points", split_points)
+    monkeypatch.setattr(hapi_models, "describe_model", describe_model)
     code, out, err = _run(capsys, "--json")
     assert code == 1
     listing = json.loads(out)
     assert [m["name"] for m in listing["models"]] == ["mobilenet_v3_small"]
     assert listing["failed"] == {"alexnet": "alexnet: a data-dependent branch"}
     assert err.strip() == "hapi: error: alexnet: alexnet: a data-dependent branch"
+
+
+def test_listing_names_a_plugin_that_failed_to_load(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cause = "plugin 'cudanet' (broken_hapi_cuda:build, from broken) raises on import: OSError"
+    monkeypatch.setattr(hapi_models, "list_models", lambda: ["alexnet"])
+    monkeypatch.setattr(hapi_models, "broken_plugins", lambda: {"cudanet": cause})
+    code, out, err = _run(capsys)
+    assert code == 1
+    assert "alexnet" in out and "cudanet" not in out
+    assert err.strip() == f"hapi: error: cudanet: {cause}"

@@ -1,0 +1,165 @@
+"""Where an architecture's listing is kept between processes, and what it is keyed by.
+
+Listing an architecture traces its graph (seconds for the big ones, about a minute for every
+network HAPI lists); its result depends only on the code that builds and cuts it. So each entry
+is a JSON file under the user's cache directory, named by the SHA-256 of its key: the versions
+of torch, torchvision and timm, a hash of this package's sources, the architecture's name and
+family and, for a plugin's, its distribution's version and the source of its module. Any of
+these changing gives another file name: a stale entry is never read, it is only left behind.
+
+The directory is ``$HAPI_CACHE_DIR`` when set (the test suite shares one among its servers),
+else platformdirs' user cache directory for ``hapi`` when platformdirs is installed, else
+``$XDG_CACHE_HOME/hapi`` (``~/.cache/hapi``). A file that cannot be read or does not hold what
+its name promises is ignored (one warning per process) and written again; a directory that
+cannot be written costs the time of tracing again, never a failure.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from importlib import metadata, util
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CACHE_ENV", "cache_dir", "entry_key", "read_entry", "write_entry"]
+
+CACHE_ENV = "HAPI_CACHE_DIR"
+#: Bumped when an entry's layout changes: older files are then simply not found.
+_FORMAT = 1
+_LIBRARIES = ("torch", "torchvision", "timm")
+_PLUGIN_GROUP = "hapi.models"
+
+_warned: set[str] = set()
+
+
+def cache_dir() -> Path:
+    """HAPI's cache directory (see the module's documentation for the order)."""
+    explicit = os.environ.get(CACHE_ENV)
+    if explicit:
+        return Path(explicit)
+    try:
+        import platformdirs  # noqa: PLC0415 - optional: only its answer for this OS is wanted
+    except ImportError:
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        return Path(base) / "hapi"
+    return Path(platformdirs.user_cache_dir("hapi"))
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _tree_digest(root: Path) -> str:
+    """SHA-256 over the Python sources under ``root`` (relative paths and bytes)."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+@functools.cache
+def _sources_digest() -> str:
+    """This package's sources, hashed once per process."""
+    return _tree_digest(Path(__file__).resolve().parent)
+
+
+def _plugin_key(name: str, distribution: str) -> dict[str, Any]:
+    """What a plugin's listing depends on beyond HAPI: its version, entry point and sources.
+
+    The module's sources (its package's, for a package) count too: an editable install changes
+    them without a new version.
+    """
+    values = [e.value for e in metadata.entry_points(group=_PLUGIN_GROUP, name=name)]
+    module_digest = None
+    if values:
+        spec = util.find_spec(values[0].partition(":")[0].strip())
+        origin = Path(spec.origin) if spec is not None and spec.origin else None
+        if origin is not None and origin.name == "__init__.py":
+            module_digest = _tree_digest(origin.parent)  # the whole package the plugin is
+        elif origin is not None and origin.is_file():
+            module_digest = hashlib.sha256(origin.read_bytes()).hexdigest()
+    return {
+        "distribution": distribution,
+        "version": _version(distribution),
+        "entry_points": values,
+        "module_sha256": module_digest,
+    }
+
+
+def entry_key(name: str, family: str) -> dict[str, Any]:
+    """Everything architecture ``name``'s listing depends on."""
+    key: dict[str, Any] = {
+        "format": _FORMAT,
+        "name": name,
+        "family": family,
+        "libraries": {lib: _version(lib) for lib in _LIBRARIES},
+        "hapi_models_sources": _sources_digest(),
+    }
+    if family.startswith("plugin:"):
+        key["plugin"] = _plugin_key(name, family.removeprefix("plugin:"))
+    return key
+
+
+def _path(key: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    return cache_dir() / "listing" / f"{digest[:40]}.json"
+
+
+def _warn_once(kind: str, message: str, *args: object) -> None:
+    level = logging.WARNING if kind not in _warned else logging.DEBUG
+    _warned.add(kind)
+    log.log(level, message, *args)
+
+
+def read_entry(key: dict[str, Any]) -> dict[str, Any] | None:
+    """The entry stored under ``key``, or None (absent, unreadable, or not this key's)."""
+    path = _path(key)
+    try:
+        stored = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        _warn_once("corrupt", "model listing cache %s ignored and rebuilt: %s", path, exc)
+        return None
+    if not isinstance(stored, dict) or stored.get("key") != key:
+        _warn_once("corrupt", "model listing cache %s ignored and rebuilt: not its key", path)
+        return None
+    entry = stored.get("entry")
+    return entry if isinstance(entry, dict) else None
+
+
+def write_entry(key: dict[str, Any], entry: dict[str, Any]) -> None:
+    """Store ``entry`` under ``key``: whole or not at all (temporary file, then rename)."""
+    path = _path(key)
+    data = json.dumps({"key": key, "entry": entry}, sort_keys=True).encode()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(path, data)
+    except OSError as exc:
+        _warn_once("unwritable", "model listing not cached in %s: %s", path.parent, exc)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    # Not hapi_client's atomic_write: the model layer imports nothing above it. Readers in other
+    # processes (the suite's servers share the directory) see the old file or the new, whole.
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

@@ -67,6 +67,19 @@ def test_the_readme_is_under_250_lines() -> None:
     assert lines < 250, f"README.md has {lines} lines: move detail into docs/"
 
 
+def test_the_readme_says_what_make_and_compose_need() -> None:
+    """What a new user plans by (issue 28, case 15): the install row lints only where the target
+    does, ``make test``'s duration is stated, and ``docker compose`` names the engine it needs."""
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    install_lints = re.search(r"^install:.*\blint\b", makefile, re.M) is not None
+    assert ("`make install` in a fresh clone (torch from local wheels; no lint" in text) != (
+        install_lints
+    )
+    assert re.search(r"`make test` \(lint included\) takes about \d+ minutes on a 2-core", text)
+    assert "Compose v2" in text and "`make compose-check` installs podman" in text
+
+
 def test_every_code_block_is_run_or_says_why() -> None:
     unmarked, named = [], {}
     for path in DOCS:

@@ -58,6 +58,7 @@ class Reservation:
     planned_bytes: int
     model_bytes: int
     released: bool = False
+    bytes_per_sample: int = 0
 
 
 class Timers(Protocol):
@@ -275,7 +276,12 @@ class DeviceScheduler:
 
     def _admit(self, demand: Demand, batch: int) -> Reservation:
         reservation = Reservation(
-            demand.request_id, self.device, batch, demand.footprint(batch), demand.model_bytes
+            demand.request_id,
+            self.device,
+            batch,
+            demand.footprint(batch),
+            demand.model_bytes,
+            bytes_per_sample=demand.bytes_per_sample,
         )
         self._running[demand.request_id] = reservation
         self.host_memory.admitted()
@@ -289,6 +295,17 @@ class DeviceScheduler:
         reservation.released = True
         if self._running.pop(reservation.request_id, None) is not None:
             self.host_memory.released()
+        self._publish()
+        self._kick()
+
+    def shrink(self, reservation: Reservation, batch: int) -> None:
+        """The request needs COS batches of at most ``batch`` samples (its shard has no more):
+        the samples' memory beyond them is given back to whoever waits."""
+        batch = max(1, batch)
+        if reservation.released or batch >= reservation.batch_size:
+            return
+        reservation.planned_bytes -= (reservation.batch_size - batch) * reservation.bytes_per_sample
+        reservation.batch_size = batch
         self._publish()
         self._kick()
 
@@ -404,6 +421,7 @@ def make_demand(
     model_bytes: int,
     b_min: int,
     b_max: int,
+    input_bytes: int = 0,
 ) -> Demand:
     return Demand(
         request_id=request_id,
@@ -412,4 +430,5 @@ def make_demand(
         b_min=effective_b_min(b_min, b_max),
         b_max=b_max,
         arrival=time.monotonic(),
+        input_bytes=max(0, input_bytes),
     )

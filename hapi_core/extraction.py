@@ -4,8 +4,9 @@ Everything that can be refused with a status code (access, missing objects, sha2
 format, limits, memory) is checked in :func:`prepare`, before a response starts; a failure
 after that (e.g. an image whose body is corrupt past its header) ends the stream with an error
 frame (:func:`~hapi_core.admission.stream_error`). :func:`prepare` runs in cost order: cheap
-checks, the meta-device profile, the weights' HEAD, the shard, the memory plan, and
-only then, inside the admitted memory, the model's load.
+checks, the meta-device profile, the weights' HEAD, the shard's HEAD, the memory plan (the
+shard's bytes, the weights' download and load, the samples at their COS batch), and only then,
+inside the admitted memory, the shard's read and the model's load.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import dataclasses
 import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -33,6 +35,7 @@ from hapi_contract import (
     read_shard_samples,
 )
 from hapi_contract.frames import FrameEncoder
+from hapi_contract.layouts import PartEntry
 
 from .adaptation import DeviceScheduler, Reservation, make_demand, new_request_id
 from .admission import admit_model, build_model, check_weights, input_transform
@@ -47,7 +50,7 @@ from .estimates import model_footprint
 from .flow import Compute, Flow, Get, GetMany, Head, ObjectInfo, Reserve, StoredObject
 from .inputs import check_named_images
 from .runtime import CoreRuntime
-from .solver import Demand
+from .solver import Demand, effective_b_min
 from .weights_cache import CachedModel, CacheKey
 
 __all__ = [
@@ -81,9 +84,20 @@ class ModelPlan:
     key: CacheKey
     info: ObjectInfo
     load_bytes: int
-    """Memory the planner must admit to load the model (0: the cache already holds it)."""
+    """Memory the planner must admit to load the model (0: the cache already holds it): its
+    resident bytes and the downloaded blob it is built from."""
     entry: CachedModel | None = None
     """The cached model, pinned for this request (released by :func:`release_model`)."""
+    blob_bytes: int = 0
+    """The downloaded blob's part of ``load_bytes``: freed once the model is built."""
+
+    def overlap_blob(self, sample_bytes: int) -> None:
+        """The blob is freed before the request's first COS batch of ``sample_bytes`` is
+        decoded, so the two share memory: plan only the blob's excess over them."""
+        if self.load_bytes:
+            shared = min(self.blob_bytes, max(0, sample_bytes))
+            self.load_bytes -= shared
+            self.blob_bytes -= shared
 
 
 def plan_model(
@@ -102,10 +116,11 @@ def plan_model(
         rt.weights.acquire(entry)
         return ModelPlan(ref, key, info, 0, entry)
     check_weights(ref, info.size, rt.settings.max_weights_bytes)
-    # The device memory the model will hold, planned before it is built. The blob itself is
-    # transient host memory, bounded by max_weights_bytes and freed once the model is loaded.
-    load_bytes = model_footprint(ref.arch, ref.num_classes).resident_bytes
-    return ModelPlan(ref, key, info, load_bytes)
+    # The memory the model will hold and the downloaded blob it is built from, both planned
+    # before the download: the blob is freed (handed back) once the model is loaded.
+    blob = info.size if info.size is not None else rt.settings.max_weights_bytes
+    load_bytes = model_footprint(ref.arch, ref.num_classes).resident_bytes + blob
+    return ModelPlan(ref, key, info, load_bytes, blob_bytes=blob)
 
 
 def plan_weights(rt: CoreRuntime, ref: ModelRef, scheduler: DeviceScheduler) -> Flow[ModelPlan]:
@@ -131,8 +146,16 @@ def source_of(req: ExtractRequest | FinetuneRequest, shard: str) -> ShardSource:
     )
 
 
+ReserveRead = Callable[[int, int | None], Flow[None]]
+"""Plans ``nbytes`` of stored objects before they are read, holding at most ``samples`` samples
+(None: not known before the read) (a :class:`Reserve` of the request)."""
+
+
 def read_samples(
-    rt: CoreRuntime, source: ShardSource, num_classes: int
+    rt: CoreRuntime,
+    source: ShardSource,
+    num_classes: int,
+    reserve: ReserveRead | None = None,
 ) -> Flow[tuple[list[bytes], list[int]]]:
     """A shard's images and labels in any layout, read as the caller and checked: the format
     (422), the sample count (413), the shard object and a folder part's images against their
@@ -140,6 +163,13 @@ def read_samples(
 
     The reading itself is the contract's (:func:`hapi_contract.read_shard_samples`, which the
     client's BASELINE mode runs too); this flow performs its reads and parsing as effects.
+
+    ``reserve`` is called once, with the bytes the read will hold and the most samples they
+    can hold, before they are read: a shard object's size from a HEAD as the caller (a tar
+    member takes at least 512 bytes and a sample two: at most one sample per KiB); for a
+    ``folder`` part, the part's bytes and the sizes it pins for its images, and their count
+    (the part itself, a list of names, is read first). A read it was not called before (a
+    reader of another shape) calls it with what was read.
     """
     settings = rt.settings
     read = read_shard_samples(
@@ -150,7 +180,7 @@ def read_samples(
         max_image_bytes=settings.max_image_bytes,
     )
     try:
-        samples = yield from _perform_read(rt, read)
+        samples = yield from _perform_read(rt, read, source, reserve)
     except ChangedObjectError as exc:
         raise ObjectChangedError(str(exc)) from exc
     except TooManySamplesError as exc:
@@ -167,19 +197,38 @@ def read_samples(
     return images, [s.label for s in samples]
 
 
-def _perform_read(rt: CoreRuntime, read: ShardRead[T]) -> Flow[T]:
-    """Run a contract read with this core's effects (see :mod:`hapi_contract.shard_reading`)."""
+def _perform_read(
+    rt: CoreRuntime, read: ShardRead[T], source: ShardSource, reserve: ReserveRead | None
+) -> Flow[T]:
+    """Run a contract read with this core's effects (see :mod:`hapi_contract.shard_reading`),
+    planning its bytes through ``reserve`` before the bulk of them is read."""
     answer: Any = None
+    held = 0  # bytes read so far (a folder part)
+    declared = 0  # image bytes a folder part pins
     while True:
         try:
             step = read.send(answer)
         except StopIteration as stop:
+            if reserve is not None:
+                yield from reserve(held, None)
             return stop.value  # type: ignore[no-any-return]
         match step:
             case ReadObject(container, name, max_bytes):
+                if reserve is not None and source.layout is not DatasetLayout.FOLDER:
+                    # The shard is the request's bulk: its size (the HEAD authorises the read
+                    # too) is planned before any of it is read.
+                    info: ObjectInfo = yield Head(container, name)
+                    size = min(max_bytes, info.size or max_bytes)
+                    yield from reserve(size, size // 1024 + 1)
+                    reserve = None
                 blob: StoredObject = yield Get(container, name, max_bytes)
+                held += len(blob.data)
                 answer = (blob.data, blob.etag)  # the reader checks a pinned shard's etag
             case ReadObjects(container, names, max_bytes_each):
+                if reserve is not None:
+                    images = declared or len(names) * max_bytes_each
+                    yield from reserve(held + images, len(names))
+                    reserve = None
                 concurrency = rt.settings.object_read_concurrency
                 try:
                     blobs: list[StoredObject] = yield GetMany(
@@ -192,6 +241,8 @@ def _perform_read(rt: CoreRuntime, read: ShardRead[T]) -> Flow[T]:
                 answer = [b.data for b in blobs]
             case Parse(work):
                 answer = yield Compute(work)
+                if isinstance(answer, list) and answer and isinstance(answer[0], PartEntry):
+                    declared = sum(entry.bytes for entry in answer)
         del step
 
 
@@ -224,7 +275,18 @@ def load_planned(
     plan.entry = entry
     # The model is resident now (the cache counts it) and the load's copies are gone.
     scheduler.hand_over_model_bytes(reservation, plan.load_bytes)
+    plan.blob_bytes = 0
     return entry
+
+
+def _reserve(
+    rt: CoreRuntime, plan: ModelPlan, scheduler: DeviceScheduler, demand: Demand
+) -> Flow[Reservation]:
+    """Wait for memory for ``demand`` (its model's load planned by ``plan``)."""
+    pinned = plan.entry.nbytes if plan.entry is not None else 0
+    refresh = functools.partial(pin_if_resident, rt, plan)
+    reservation: Reservation = yield Reserve(scheduler, demand, pinned, refresh)
+    return reservation
 
 
 def reserve_and_load(
@@ -232,9 +294,7 @@ def reserve_and_load(
 ) -> Flow[tuple[Reservation, CachedModel]]:
     """Wait for memory for ``demand``, then load the planned model within it. On a failure the
     reservation is released; the plan's pinned model stays the caller's to release."""
-    pinned = plan.entry.nbytes if plan.entry is not None else 0
-    refresh = functools.partial(pin_if_resident, rt, plan)
-    reservation: Reservation = yield Reserve(scheduler, demand, pinned, refresh)
+    reservation = yield from _reserve(rt, plan, scheduler, demand)
     try:
         entry = yield from load_planned(rt, plan, scheduler, reservation)
     except BaseException:
@@ -309,22 +369,40 @@ def prepare(rt: CoreRuntime, req: ExtractRequest) -> Flow[PreparedExtraction]:
         )
     )
     plan = yield from plan_weights(rt, req.model, scheduler)
-    try:
-        reading = time.perf_counter()
-        images, labels = yield from read_samples(
-            rt, source_of(req, req.shard), req.model.num_classes
-        )
-        read_s = time.perf_counter() - reading
+    held: list[Reservation] = []
+    queued = [0.0, 0.0]  # when the request queued, how long it waited
+
+    def reserve_read(nbytes: int, samples: int | None) -> Flow[None]:
+        # Every byte of the request planned before the first of them is read: the shard's
+        # (nbytes), the weights' download and load, and its samples at the planned COS batch.
+        b_max = min(req.b_max, settings.max_samples_per_request, samples or req.b_max)
+        b_min = effective_b_min(settings.b_min, b_max)
+        plan.overlap_blob(b_min * est.bytes_per_sample)
         demand = make_demand(
             request_id,
             est.bytes_per_sample,
             plan.load_bytes,  # 0 when the weights are resident (counted by the cache)
             settings.b_min,
-            min(req.b_max, len(images)),
+            b_max,
+            input_bytes=nbytes,
         )
-        queued_at = time.perf_counter()
-        reservation, entry = yield from reserve_and_load(rt, plan, scheduler, demand)
+        queued[0] = time.perf_counter()
+        held.append((yield from _reserve(rt, plan, scheduler, demand)))
+        queued[1] = time.perf_counter() - queued[0]
+
+    try:
+        reading = time.perf_counter()
+        images, labels = yield from read_samples(
+            rt, source_of(req, req.shard), req.model.num_classes, reserve_read
+        )
+        read_s = time.perf_counter() - reading - queued[1]
+        reservation = held[0]
+        # The shard's count is known now: a COS batch larger than it would hold memory idle.
+        scheduler.shrink(reservation, len(images))
+        entry = yield from load_planned(rt, plan, scheduler, reservation)
     except BaseException:
+        for r in held:
+            scheduler.release(r)
         release_model(rt, plan)
         raise
     return PreparedExtraction(
@@ -336,7 +414,7 @@ def prepare(rt: CoreRuntime, req: ExtractRequest) -> Flow[PreparedExtraction]:
         images=images,
         labels=labels,
         started=started,
-        queued_s=time.perf_counter() - queued_at,
+        queued_s=queued[1],
         read_s=read_s,
     )
 

@@ -26,9 +26,11 @@ from hapi_core import (
     Effect,
     Get,
     GetMany,
+    Head,
     InvalidShardError,
     NotFoundError,
     ObjectChangedError,
+    ObjectInfo,
     PayloadTooLargeError,
     StoredObject,
     get_many_in_threads,
@@ -83,6 +85,10 @@ class Store:
 
     def perform(self, effect: Effect) -> Any:
         match effect:
+            case Head(container, obj):
+                data = self.objects[(container, obj)]
+                self.reads.append(f"HEAD {obj}")
+                return ObjectInfo(md5_hex(data), len(data))
             case Get():
                 return self.get(effect)
             case GetMany():
@@ -291,3 +297,41 @@ def test_a_shard_overwritten_since_its_manifest_pinned_it_is_a_409_naming_it(
     assert store.reads == [name]  # refused before anything else is read or parsed
     # Unpinned (a request written before pins existed), the stored shard is read as it is.
     assert len(_read(store, dataclasses.replace(pinned, etag=None))[0]) == len(IMAGES)
+
+
+# --- Every byte read is planned before it is read ------------------------------------------------
+
+
+def _read_planned(store: Store, source: ShardSource) -> tuple[list[bytes], list[int]]:
+    """:func:`_read` with a ``reserve`` that records, among the reads, what it was asked for."""
+
+    def reserve(nbytes: int, samples: int | None) -> Any:
+        store.reads.append(f"reserve {nbytes} for {samples}")
+        yield from ()
+
+    flow = read_samples(_runtime(), source, 3, reserve)
+    return run_blocking(flow, store.perform)
+
+
+def test_a_shards_bytes_are_planned_from_its_head_before_it_is_read(
+    pool: ThreadPoolExecutor,
+) -> None:
+    shard = write_shard(
+        (f"s{i}", b, "jpg", lab) for i, (b, lab) in enumerate(zip(IMAGES, LABELS, strict=True))
+    )
+    store = Store({(INDEX, "s.tar"): shard}, pool)
+    assert _read_planned(store, ShardSource(INDEX, "s.tar")) == (IMAGES, LABELS)
+    # Before: the shard was read whole, and only then was any memory planned.
+    bound = len(shard) // 1024 + 1  # the most samples a tar of this size can hold
+    assert store.reads == ["HEAD s.tar", f"reserve {len(shard)} for {bound}", "s.tar"]
+
+
+def test_a_folder_parts_images_are_planned_from_the_sizes_it_pins(
+    pool: ThreadPoolExecutor,
+) -> None:
+    store = _folder_store(pool)
+    assert _read_planned(store, FOLDER) == (IMAGES, LABELS)
+    planned = len(_part()) + sum(map(len, IMAGES))
+    # The part (a list of names) is read first; every image only once their bytes are planned.
+    assert store.reads[:2] == [PART, f"reserve {planned} for {len(NAMES)}"]
+    assert sorted(store.reads[2:]) == sorted(NAMES)

@@ -5,8 +5,14 @@ request at b_min fills the device:
 
 * model efficientnet_lite0 (R = its resident weights), split 0 at 64 px, so one sample costs
   d = 147456 bytes (input + output copy, see ``MemoryEstimator``), b_min = 25;
-* budget = framework reserve + R + 1.5 x b_min x d: request A (b_max 64) is planned at
-  floor(1.5 x 25) = 37 samples and leaves half a sample free, so nothing else fits;
+* every byte a request causes is planned before it is read: its shard's bytes (from a HEAD)
+  and, while the model is not resident, the weights' blob beyond the first COS batch (the
+  two never coexist); a shard of unknown count is planned at b_min = min(25, the most
+  samples its size can hold);
+* budget = framework reserve + R + the weights' blob + the small shard + d: enough to load
+  the model once (the fixture does); request A (b_max 64, a 4.9 MB shard) is then planned at
+  (capacity - R - its shard) // d = 61 samples and leaves less than a sample free, so
+  nothing else fits;
 * A's client reads nothing: its shard has 600 samples (16 frames of 37 x 49152 bytes, about
   29 MB at split 0), far more than the server's frame queue (4 frames) plus the socket
   buffers hold, so A's stream stalls and A keeps its reservation;
@@ -30,8 +36,8 @@ import torch
 from hapi_core.estimates import MemoryEstimator
 from hapi_stack import RunningStack
 
-from .conftest import SIDE, Dataset, ServerProcess, make_images
-from .server_helpers import TIMEOUT, assert_error, extract, metric, post, put_shard, wait_for
+from .conftest import SIDE, Dataset, ServerProcess, make_images, shard_bytes
+from .server_helpers import TIMEOUT, assert_error, extract, metric, post, put_object, wait_for
 
 pytestmark = pytest.mark.slow  # its own server
 
@@ -53,18 +59,30 @@ def per_sample(arch: str, side: int, split: int) -> int:
     return MemoryEstimator().estimate(arch, 3, (3, side, side), split, "cpu").bytes_per_sample
 
 
+def weights_blob(arch: str) -> int:
+    """Bytes of the weights object the session's dataset uploads for ``arch``."""
+    torch.manual_seed(0)
+    pretrained = "imagenet" if arch == "efficientnet_lite0" else None
+    model = hapi_models.get_model(arch, num_classes=3, weights=pretrained)
+    return len(hapi_models.weights_to_bytes(model))
+
+
 D = per_sample(ARCH, SIDE, 0)
 R = weights_bytes(ARCH)
-BUDGET = RESERVE + R + (3 * B_MIN * D) // 2
+BIG = shard_bytes(*make_images(600, seed=21))
+SMALL_BYTES = len(shard_bytes(*make_images(7, seed=1)))  # the session's shard-000001
+BUDGET = RESERVE + R + weights_blob(ARCH) + SMALL_BYTES + D
 CAPACITY = BUDGET - RESERVE  # what requests may use, resident weights included
+A_BATCH = min(64, (CAPACITY - R - len(BIG)) // D)
+SMALL_B_MIN = min(B_MIN, SMALL_BYTES // 1024 + 1)  # the count its size bounds
 
 
 @pytest.fixture(scope="module")
 def tight_server(
     server_factory: Callable[..., ServerProcess], swift_stack: RunningStack, dataset: Dataset
 ) -> ServerProcess:
-    put_shard(swift_stack, BIG_SHARD, *make_images(600, seed=21))
-    return server_factory(
+    put_object(swift_stack, BIG_SHARD, BIG)
+    server = server_factory(
         devices="cpu",  # the queue on a configured CPU budget, GPU or not
         cpu_memory_budget_bytes=BUDGET,
         count_process_memory=False,  # the plan's arithmetic alone, not the server's RSS
@@ -73,6 +91,8 @@ def tight_server(
         queue_limit=1,
         retry_after_s=3,
     )
+    assert_serves(server, dataset)  # the model is resident from here on: no blob to plan
+    return server
 
 
 def small_request(dataset: Dataset, **extra: object) -> dict[str, object]:
@@ -103,10 +123,13 @@ def test_queue_full_is_503_with_retry_after(tight: ServerProcess, dataset: Datas
                 headers=dataset.headers(),
             )
         )
-        # A is planned (its status line came) and holds 37 samples' worth; its body is unread.
+        # A is planned (its status line came) and holds its shard and 61 samples' worth; its
+        # body is unread.
         assert resp_a.status_code == 200
-        assert int(resp_a.headers["x-hapi-cos-batch-size"]) == (CAPACITY - R) // D == 37
-        assert metric(tight, "hapi_planned_memory_bytes", device="cpu") == 37 * D
+        assert int(resp_a.headers["x-hapi-cos-batch-size"]) == A_BATCH == 61
+        planned_a = len(BIG) + A_BATCH * D
+        assert CAPACITY - R - planned_a < SMALL_BYTES + SMALL_B_MIN * D  # B cannot fit
+        assert metric(tight, "hapi_planned_memory_bytes", device="cpu") == planned_a
 
         b = pool.submit(extract, tight, dataset, small_request(dataset))
         wait_for(
@@ -120,7 +143,7 @@ def test_queue_full_is_503_with_retry_after(tight: ServerProcess, dataset: Datas
         assert c.headers["retry-after"] == "3"
         assert "queue_limit" in err.detail
         # A still holds its memory and B still waits: the 503 was not a race with A's end.
-        assert metric(tight, "hapi_planned_memory_bytes", device="cpu") == 37 * D
+        assert metric(tight, "hapi_planned_memory_bytes", device="cpu") == planned_a
         assert metric(tight, "hapi_queue_depth", device="cpu") == 1.0
 
         stack.close()  # A's client goes away mid-stream: the server releases A's memory
@@ -177,12 +200,13 @@ def _numbers(detail: str) -> tuple[int, int]:
 def test_request_that_cannot_fit_alone_is_507_with_the_numbers(
     tight: ServerProcess, dataset: Dataset
 ) -> None:
-    # The same request at 224 px: 7 samples (its b_min is min(b_min, samples)) of 1.8 MB each.
+    # The same request at 224 px: its shard and b_min = min(b_min, the samples its size can
+    # hold) samples of 1.8 MB each, planned before the shard is read.
     transform = {**dataset.transform(), "resize": 224, "crop": 224}
     body = small_request(dataset, transform=transform)
     err = assert_error(post(tight, body, dataset.headers()), 507, "insufficient_memory")
     needed, offered = _numbers(err.detail)
-    assert needed == 7 * per_sample(ARCH, 224, 0)
+    assert needed == SMALL_BYTES + SMALL_B_MIN * per_sample(ARCH, 224, 0)
     assert offered == CAPACITY - R  # usable memory minus this model's resident weights
     health = httpx.get(f"{tight.url}/healthz", timeout=10).json()["devices"][0]
     assert health["total_bytes"] == BUDGET and offered < health["total_bytes"]
@@ -192,9 +216,10 @@ def test_request_that_cannot_fit_alone_is_507_with_the_numbers(
 def test_model_larger_than_the_device_is_507_not_a_wait(
     tight: ServerProcess, dataset: Dataset
 ) -> None:
-    """AlexNet's weights alone (228 MB) exceed this 19 MB device: refuse now, don't queue."""
+    """AlexNet's weights alone (228 MB) exceed this 34 MB device: refuse now, don't queue."""
     body = dataset.request("alexnet", SMALL_SHARD, 3, b_max=64)
     err = assert_error(post(tight, body, dataset.headers()), 507, "insufficient_memory")
     needed, offered = _numbers(err.detail)
-    assert offered == 0 and needed == 7 * per_sample("alexnet", SIDE, 3)
-    assert str(weights_bytes("alexnet")) in err.detail
+    assert offered == 0 and needed == SMALL_BYTES + SMALL_B_MIN * per_sample("alexnet", SIDE, 3)
+    held = re.search(r"weights hold (\d+)", err.detail)
+    assert held and int(held.group(1)) >= weights_bytes("alexnet"), err.detail

@@ -138,7 +138,9 @@ def raw_loader(
     def load(k: int) -> LoadedShard:
         source = ShardSource.of(manifest, container, k)
         samples, nbytes = read_source(swift, source, num_classes=manifest.num_classes)
-        x = transform.decode_batch([s.image_bytes for s in samples])
+        x = transform.decode_batch(
+            [s.image_bytes for s in samples], names=[source.sample_name(s.key) for s in samples]
+        )
         y = torch.tensor([s.label for s in samples], dtype=torch.int64)
         return LoadedShard(x, y, nbytes, 1)
 
@@ -207,7 +209,10 @@ class PushdownVerifier:
                 f"{container}/{shard_name}: the server's labels differ from the stored ones "
                 f"(samples {picks})"
             )
-        x = self.transform.decode_batch([stored[i].image_bytes for i in picks])
+        x = self.transform.decode_batch(
+            [stored[i].image_bytes for i in picks],
+            names=[source.sample_name(stored[i].key) for i in picks],
+        )
         device = next(self.net.parameters()).device
         with torch.inference_mode():
             expected = self.net.head(split)(x.to(device)).float().cpu()

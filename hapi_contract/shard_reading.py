@@ -136,6 +136,13 @@ class ShardSource:
         """The container of a ``folder`` part's images."""
         return self.data_container or self.container
 
+    def sample_name(self, key: str) -> str:
+        """How errors name one sample of this shard by its ``key``: a ``folder`` image is its
+        own object (``container/name``), any other sample the shard object and its key."""
+        if self.layout is DatasetLayout.FOLDER:
+            return f"{self.image_container}/{key}"
+        return f"shard {self.where}: sample {key}"
+
 
 def read_shard_samples(
     source: ShardSource,

@@ -64,6 +64,7 @@ __all__ = [
     "pin_if_resident",
     "plan_weights",
     "prepare",
+    "read_named_samples",
     "read_samples",
     "read_shard",
     "release_model",
@@ -157,9 +158,21 @@ def read_samples(
     num_classes: int,
     reserve: ReserveRead | None = None,
 ) -> Flow[tuple[list[bytes], list[int]]]:
+    """:func:`read_named_samples` without the names."""
+    images, labels, _ = yield from read_named_samples(rt, source, num_classes, reserve)
+    return images, labels
+
+
+def read_named_samples(
+    rt: CoreRuntime,
+    source: ShardSource,
+    num_classes: int,
+    reserve: ReserveRead | None = None,
+) -> Flow[tuple[list[bytes], list[int], list[str]]]:
     """A shard's images and labels in any layout, read as the caller and checked: the format
     (422), the sample count (413), the shard object and a folder part's images against their
-    pins (409) and every image's header (413 / 422); each error names the object.
+    pins (409) and every image's header (413 / 422); each error names the object. The names
+    come back with the samples (:meth:`ShardSource.sample_name`), for the decode's errors.
 
     The reading itself is the contract's (:func:`hapi_contract.read_shard_samples`, which the
     client's BASELINE mode runs too); this flow performs its reads and parsing as effects.
@@ -188,13 +201,9 @@ def read_samples(
     except DatasetFormatError as exc:
         raise InvalidShardError(str(exc)) from exc
     images = [s.image_bytes for s in samples]
-    names = (
-        [f"{source.image_container}/{s.key}" for s in samples]
-        if source.layout is DatasetLayout.FOLDER
-        else [f"shard {source.where}: sample {i}" for i in range(len(samples))]
-    )
+    names = [source.sample_name(s.key) for s in samples]
     yield Compute(functools.partial(check_named_images, images, names, settings.max_image_pixels))
-    return images, [s.label for s in samples]
+    return images, [s.label for s in samples], names
 
 
 def _perform_read(
@@ -337,6 +346,8 @@ class PreparedExtraction:
     queued_s: float
     read_s: float = 0.0
     """Reading and checking the samples (the shard, or a part and its images)."""
+    names: list[str] | None = None
+    """Where each image came from, for the decode's errors (:meth:`ShardSource.sample_name`)."""
     stream_started: bool = False
     finished: bool = False
 
@@ -392,7 +403,7 @@ def prepare(rt: CoreRuntime, req: ExtractRequest) -> Flow[PreparedExtraction]:
 
     try:
         reading = time.perf_counter()
-        images, labels = yield from read_samples(
+        images, labels, names = yield from read_named_samples(
             rt, source_of(req, req.shard), req.model.num_classes, reserve_read
         )
         read_s = time.perf_counter() - reading - queued[1]
@@ -416,6 +427,7 @@ def prepare(rt: CoreRuntime, req: ExtractRequest) -> Flow[PreparedExtraction]:
         started=started,
         queued_s=queued[1],
         read_s=read_s,
+        names=names,
     )
 
 
@@ -452,6 +464,7 @@ def job_of(rt: CoreRuntime, prep: PreparedExtraction) -> ExtractionJob:
         device=prep.scheduler.device,
         max_pixels=rt.settings.max_image_pixels,
         encoder=FrameEncoder(dtype=req.output_dtype, compression=req.compression),
+        names=prep.names,
     )
 
 

@@ -61,6 +61,7 @@ def measure_head(
     max_pixels: int,
     *,
     warm_up: bool,
+    names: Sequence[str] | None = None,
 ) -> HeadMeasurement:
     """Decode ``images`` and run them through layers ``[0, split)`` one layer at a time.
 
@@ -72,7 +73,7 @@ def measure_head(
     labels = torch.zeros(n, dtype=torch.int64)
     try:
         start = time.perf_counter()
-        x = transform.decode_batch(list(images), max_pixels=max_pixels)
+        x = transform.decode_batch(images, max_pixels=max_pixels, names=names)
         decode = (time.perf_counter() - start) / n
         x = x.to(device)
         layers = model.layers[:split]
@@ -111,6 +112,7 @@ def time_head(
     layer_times: LayerTimes,
     max_pixels: int,
     load: int,
+    names: Sequence[str] | None = None,
 ) -> TimingsResponse:
     """Measure ``req``'s head over ``images`` (a warm-up first when ``layer_times`` knows none
     for this model and device), refine the known layer times and answer. Blocking: the HAPI
@@ -126,6 +128,7 @@ def time_head(
         FrameEncoder(dtype=req.output_dtype, compression=req.compression),
         max_pixels,
         warm_up=cached is None,
+        names=names,
     )
     return TimingsResponse(
         arch=req.model.arch,
@@ -144,6 +147,7 @@ def time_request(rt: CoreRuntime, req: TimingsRequest) -> Flow[TimingsResponse]:
     """Admit ``req`` as an extraction of its first ``samples`` images, and measure it."""
     prep = yield from prepare(rt, req.model_copy(update={"b_max": req.samples}))
     status = "200"
+    timed = min(req.samples, prep.reservation.batch_size)
     try:
         answer: TimingsResponse = yield Compute(
             functools.partial(
@@ -151,12 +155,13 @@ def time_request(rt: CoreRuntime, req: TimingsRequest) -> Flow[TimingsResponse]:
                 time_head,
                 prep.model.model,
                 req,
-                prep.images[: min(req.samples, prep.reservation.batch_size)],
+                prep.images[:timed],
                 input_transform(req.transform),
                 prep.scheduler.device.torch_device,
                 rt.layer_times,
                 rt.settings.max_image_pixels,
                 max(0, prep.scheduler.load - 1),  # other requests waiting or running
+                None if prep.names is None else prep.names[:timed],
             )
         )
     except BaseException:

@@ -15,6 +15,7 @@ import pytest
 import torch
 from swiftclient.client import Connection
 
+from hapi_contract import RemoteStreamError
 from hapi_stack import RunningStack
 from tests.in_place_data import InPlace, put_folder_dataset, webdataset_tar
 
@@ -169,6 +170,50 @@ def test_an_object_that_is_not_an_image_is_a_422_naming_it(
     body = _folder_body(dataset, folder, folder.parts[0])
     error = assert_error(post(hapi_server, body, dataset.headers()), 422, "invalid_shard")
     assert f"{folder.data}/{folder.names[1]}" in error.detail and "not" in error.detail
+    _still_serving(hapi_server, dataset, data)
+
+
+def test_a_truncated_image_is_a_422_naming_its_object(
+    hapi_server: ServerProcess, dataset: Dataset, data: Data, swift_stack: RunningStack
+) -> None:
+    """Its header opens (the checks before the stream pass), its body does not decode: the
+    error frame names the image object, not "cannot decode image" alone (issue 28, case 6)."""
+    cut = data.images[1][: len(data.images[1]) // 2]
+    conn = swift_stack.connection()
+    try:
+        folder = put_folder_dataset(
+            conn,
+            _unique("cut-index"),
+            _unique("cut-images"),
+            [data.images[0], cut],
+            [0, 1],
+            part_size=2,
+        )
+    finally:
+        conn.close()
+    body = _folder_body(dataset, folder, folder.parts[0], b_max=1)
+    with pytest.raises(RemoteStreamError) as info:
+        extract(hapi_server, dataset, body)
+    assert info.value.status == 422
+    assert f"{folder.data}/{folder.names[1]}: cannot decode image" in info.value.detail
+    assert "truncated" in info.value.detail
+    _still_serving(hapi_server, dataset, data)
+
+
+def test_a_truncated_image_in_a_webdataset_tar_is_named_by_shard_and_key(
+    hapi_server: ServerProcess, dataset: Dataset, data: Data, swift_conn: Connection
+) -> None:
+    cut = data.images[1][: len(data.images[1]) // 2]
+    name = "wds/cut-0000.tar"
+    tar = webdataset_tar([data.images[0], cut], [0, 1], label_field="cls_id")
+    swift_conn.put_object(data.folder.data, name, tar)
+    body = dataset.request(ARCH, name, SPLIT, b_max=1)
+    body.update(container=data.folder.data, layout="webdataset", label_field="cls_id")
+    with pytest.raises(RemoteStreamError) as info:
+        extract(hapi_server, dataset, body)
+    assert info.value.status == 422
+    detail = info.value.detail
+    assert f"shard {data.folder.data}/{name}: sample train/sample_00001: " in detail, detail
     _still_serving(hapi_server, dataset, data)
 
 

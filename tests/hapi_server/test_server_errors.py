@@ -19,7 +19,7 @@ from hapi_contract import RemoteStreamError
 from hapi_contract.frames import FrameDecoder
 from hapi_stack import RunningStack
 
-from .conftest import MODELS, Dataset, ServerProcess, free_port, make_images, shard_bytes
+from .conftest import DATA, MODELS, Dataset, ServerProcess, free_port, make_images, shard_bytes
 from .server_helpers import (
     assert_error,
     extract,
@@ -295,6 +295,10 @@ def test_image_that_fails_to_decode_mid_stream_ends_with_an_error_frame(
                 decoder.feed(chunk)
     assert info.value.status == 422
     assert decoder.samples == 1  # the first (good) image arrived before the error frame
+    # The error names the shard object and the cut image's key (issue 28, case 6).
+    detail = info.value.detail
+    assert f"shard {DATA}/errors/truncated-jpeg.tar: sample s000001: " in detail, detail
+    assert "truncated" in detail
 
 
 # --- limits --------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import hapi_models
@@ -26,7 +27,7 @@ from hapi_core.errors import InvalidRequestError, InvalidShardError, PayloadTooL
 from hapi_core.estimates import model_footprint
 from hapi_core.extraction import (
     plan_weights,
-    read_samples,
+    read_named_samples,
     release_model,
     reserve_and_load,
     source_of,
@@ -62,47 +63,45 @@ async def gather_bounded(factories: Sequence[Callable[[], Awaitable[T]]], limit:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+@dataclass(frozen=True)
+class _ShardSamples:
+    """Per shard, in the request's shard order: the encoded images, their labels and their
+    names (an image object, or a shard and key), which lead a decode error."""
+
+    images: list[list[bytes]]
+    labels: list[list[int]]
+    names: list[list[str]]
+
+    def __getitem__(self, shards: slice) -> _ShardSamples:
+        return _ShardSamples(self.images[shards], self.labels[shards], self.names[shards])
+
+
 async def _read_samples(
     state: ServerState, caller: Caller, req: FinetuneRequest, shards: list[str]
-) -> tuple[list[list[bytes]], list[list[int]]]:
-    """Images and labels per shard, in the request's shard order, each shard checked as
-    ``/v1/extract`` checks it (format, sample count, a folder part's images against their
-    pins, every image's header), in the request's layout."""
+) -> _ShardSamples:
+    """Images, labels and the images' names per shard, in the request's shard order, each shard
+    checked as ``/v1/extract`` checks it (format, sample count, a folder part's images against
+    their pins, every image's header), in the request's layout. The names (an image object, or
+    a shard and key) lead the error of an image whose body does not decode."""
     host = ServerHost(state, caller)
     num_classes = req.model.num_classes
     read = [
-        functools.partial(host.run, read_samples(state, source_of(req, name), num_classes))
+        functools.partial(host.run, read_named_samples(state, source_of(req, name), num_classes))
         for name in shards
     ]
     results = await gather_bounded(read, state.settings.swift_read_concurrency)
-    return [images for images, _ in results], [labels for _, labels in results]
-
-
-def _decode(
-    transform: hapi_models.InputTransform,
-    images: list[bytes],
-    where: list[str],
-    max_pixels: int,
-) -> torch.Tensor:
-    try:
-        return transform.decode_batch(images, max_pixels=max_pixels)
-    except hapi_models.ImageDecodeError:
-        # Past the header check, only a full decode finds a cut or corrupt body: name it.
-        for data, name in zip(images, where, strict=True):
-            try:
-                hapi_models.decode_image(data, max_pixels=max_pixels)
-            except hapi_models.ImageDecodeError as exc:
-                raise InvalidShardError(f"{name}: not a decodable image ({exc})") from exc
-        raise
+    return _ShardSamples(
+        [images for images, _, _ in results],
+        [labels for _, labels, _ in results],
+        [names for _, _, names in results],
+    )
 
 
 def _train(
     model: hapi_models.SplittableModel,
     req: FinetuneRequest,
-    images: list[list[bytes]],
-    labels: list[list[int]],
-    eval_images: list[list[bytes]],
-    eval_labels: list[list[int]],
+    train: _ShardSamples,
+    evaluation: _ShardSamples,
     device: torch.device,
     max_pixels: int,
 ) -> tuple[bytes, list[FinetuneEpoch]]:
@@ -118,35 +117,37 @@ def _train(
     history: list[FinetuneEpoch] = []
 
     def batches(
-        order: list[tuple[int, int]],
-        imgs: list[list[bytes]],
-        labs: list[list[int]],
-        names: list[str],
+        order: list[tuple[int, int]], part: _ShardSamples
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for b in range(0, len(order), req.batch_size):
             idx = order[b : b + req.batch_size]
-            where = [f"shard {req.container}/{names[s]}: sample {i}" for s, i in idx]
-            x = _decode(transform, [imgs[s][i] for s, i in idx], where, max_pixels)
+            try:
+                x = transform.decode_batch(
+                    [part.images[s][i] for s, i in idx],
+                    max_pixels=max_pixels,
+                    names=[part.names[s][i] for s, i in idx],
+                )
+            except hapi_models.ImageDecodeError as exc:
+                # Past the header check, only a full decode finds a cut or corrupt body.
+                raise InvalidShardError(f"not a decodable image: {exc}") from exc
             with torch.no_grad():
                 h = head(x.to(device))
-            yield h, torch.tensor([labs[s][i] for s, i in idx], dtype=torch.int64)
+            yield h, torch.tensor([part.labels[s][i] for s, i in idx], dtype=torch.int64)
 
-    sizes = [len(shard) for shard in images]
+    sizes = [len(shard) for shard in train.images]
     for epoch in range(req.epochs):
         start = time.perf_counter()
-        order = plan_epoch(len(images), req.seed, epoch).sample_order(sizes)
+        order = plan_epoch(len(train.images), req.seed, epoch).sample_order(sizes)
         hapi_models.set_modes(model, freeze, training=True)
-        stats = hapi_models.train_batches(
-            tail, batches(order, images, labels, list(req.shards)), opt, device
-        )
+        stats = hapi_models.train_batches(tail, batches(order, train), opt, device)
         seconds = round(time.perf_counter() - start, 3)
         eval_accuracy = None
-        if eval_images:
+        if evaluation.images:
             hapi_models.set_modes(model, freeze, training=False)
-            ev_order = [(s, i) for s, shard in enumerate(eval_images) for i in range(len(shard))]
-            eval_accuracy = hapi_models.evaluate(
-                tail, batches(ev_order, eval_images, eval_labels, list(req.eval_shards)), device
-            )
+            ev_order = [
+                (s, i) for s, shard in enumerate(evaluation.images) for i in range(len(shard))
+            ]
+            eval_accuracy = hapi_models.evaluate(tail, batches(ev_order, evaluation), device)
         history.append(
             FinetuneEpoch(
                 epoch=epoch + 1,
@@ -201,16 +202,15 @@ async def run_finetune(
     plan = await host.run(plan_weights(state, req.model, scheduler))
     try:
         names = [*req.shards, *req.eval_shards]
-        all_images, all_labels = await _read_samples(state, caller, req, names)
+        samples = await _read_samples(state, caller, req, names)
         n = len(req.shards)
-        images, labels = all_images[:n], all_labels[:n]
-        eval_images, eval_labels = all_images[n:], all_labels[n:]
-        if sum(map(len, all_images)) > state.settings.max_samples_per_request * max(
+        train, evaluation = samples[:n], samples[n:]
+        if sum(map(len, samples.images)) > state.settings.max_samples_per_request * max(
             1, len(req.shards)
         ):
             raise PayloadTooLargeError("too many samples for one fine-tuning request")
         # Training keeps activations for backward and the optimizer state: a conservative 3x.
-        batch = min(req.batch_size, sum(map(len, images)))
+        batch = min(req.batch_size, sum(map(len, train.images)))
         demand = make_demand(
             request_id, 3 * est.bytes_per_sample, plan.load_bytes + train_bytes, batch, batch
         )
@@ -231,10 +231,8 @@ async def run_finetune(
             _train,
             model,
             req,
-            images,
-            labels,
-            eval_images,
-            eval_labels,
+            train,
+            evaluation,
             scheduler.device.torch_device,
             state.settings.max_image_pixels,
         )
@@ -245,7 +243,7 @@ async def run_finetune(
         device=scheduler.device.name,
         epochs=history,
         server_seconds=round(time.perf_counter() - started, 3),
-        samples=sum(map(len, images)),
+        samples=sum(map(len, train.images)),
         sha256=hapi_models.sha256_hex(blob),
     )
     log.info(

@@ -260,6 +260,22 @@ def test_finetune_and_extract_answer_an_image_alike(
         assert (ex.status_code, ex.json()) == (ft.status_code, ft.json())
 
 
+@pytest.mark.parametrize("where", ["shards", "eval_shards"])
+def test_finetune_names_the_image_that_does_not_decode(
+    where: str, bad_server: ServerProcess, bad_data: Dataset
+) -> None:
+    """ALL_IN_COS names a cut image as /v1/extract does, by its shard and key (issue 28, case
+    6), in the training shards and in the evaluation ones; it named a position before."""
+    resp = httpx.post(
+        f"{bad_server.url}/v1/finetune",
+        json=finetune_body(bad_data, **{where: [TRUNCATED]}),
+        headers=bad_data.headers(),
+        timeout=TIMEOUT,
+    )
+    err = assert_error(resp, 422, "invalid_shard")
+    assert f"shard {DATA}/{TRUNCATED}: sample s000001: " in err.detail, err.detail
+
+
 def test_a_dot_segment_is_never_resolved_to_another_object(
     bad_server: ServerProcess, bad_data: Dataset
 ) -> None:

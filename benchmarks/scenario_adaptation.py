@@ -14,12 +14,13 @@ six fit and seven do not, as in the thesis. With BA on, the server plans against
 Each server first serves ``CALIBRATION`` lone requests: a CPU server measures the peak host memory
 of a batch whose request runs alone and corrects its per-sample estimate from those readings
 (:class:`hapi_core.devices.HostMemoryProbe`), as a GPU server does from CUDA's statistics. The
-probe resets the server's ``VmHWM`` for those readings only, so every point's requests report
-how many resets they made (``vmhwm_resets`` of the end frame; 0 means the point's peak is whole).
+probe samples the server's resident memory for those readings (it never resets ``VmHWM``); every
+point's requests report how many readings they made (``vmhwm_resets`` of the end frame).
 
 Per point (k parallel requests of one shard each, AlexNet up to its freeze index, b_max = the
 shard): completed requests, out-of-memory failures, the server's peak resident memory above idle
-(``VmHWM``, reset through ``/proc/PID/clear_refs``) and its peak ``VmData`` above idle (polled:
+(``/proc/PID/statm`` sampled every 2 ms: resetting ``VmHWM`` through ``clear_refs`` made every
+other reader's peak under-read) and its peak ``VmData`` above idle (polled:
 the unit the budget is enforced in; a block counts there from its allocation, in the RSS only
 once written), each as a share of the budget, the share of requests whose COS batch was cut and
 the average cut, the solver's decision time and the most memory it planned for running requests
@@ -47,6 +48,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hapi_client import StoredModel
 from hapi_contract import API_PREFIX, ExtractRequest, FrameError, RemoteStreamError, TransformSpec
 from hapi_contract.frames import FrameDecoder
+from hapi_core.devices import resident_bytes
 
 from .data import DatasetReady, ensure_photos_and_models
 from .errors import ScenarioError
@@ -80,7 +82,7 @@ class Outcome:
     cos_batch_sizes: list[int] = field(default_factory=list)
     planned_batch: int | None = None
     vmhwm_resets: int = 0
-    """Times the server's memory probe reset ``VmHWM`` while serving this request."""
+    """Batches the server's memory probe measured while serving this request."""
 
     @property
     def ok(self) -> bool:
@@ -98,10 +100,6 @@ def _status_field(pid: int, name: str) -> int:
         if line.startswith(f"{name}:"):
             return int(line.split()[1]) * 1024
     raise ScenarioError(f"/proc/{pid}/status has no {name}")
-
-
-def _reset_peak(pid: int) -> None:
-    Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets VmHWM to the current RSS
 
 
 def _post(url: str, body: dict[str, Any], headers: dict[str, str]) -> Outcome:
@@ -208,11 +206,11 @@ def _calibrate(requester: _Requester, testbed: Testbed) -> dict[str, Any]:
 def _measure_one(requester: _Requester, pid: int) -> int:
     """Peak resident bytes above idle of one full request, on an unlimited server."""
     idle = _status_field(pid, "VmRSS")
-    _reset_peak(pid)
-    outcome = requester.fire(1)[0]
+    with _RssPeak(pid) as rss:
+        outcome = requester.fire(1)[0]
     if not outcome.ok:
         raise ScenarioError(f"calibration request failed: {outcome.status} {outcome.detail}")
-    return _status_field(pid, "VmHWM") - idle
+    return int(rss.peak) - idle
 
 
 class _PeakPoller:
@@ -262,6 +260,19 @@ class _DataPeak(_PeakPoller):
             return None  # the server is gone
 
 
+class _RssPeak(_PeakPoller):
+    """The server's peak resident memory, sampled from ``/proc/PID/statm`` every
+    ``interval_s`` (``VmHWM`` is left alone, so any other reader's peak stays whole)."""
+
+    def __init__(self, pid: int, interval_s: float = 0.002) -> None:
+        self.pid = pid
+        super().__init__(self._rss, interval_s, "rss-poll")
+
+    def _rss(self) -> float | None:
+        value = resident_bytes(self.pid)
+        return float(value) if value else None  # 0: the server is gone
+
+
 class _PlannedPeak(_PeakPoller):
     """The highest memory the server's planner held for running requests during a point.
 
@@ -285,14 +296,17 @@ def _point(
 ) -> dict[str, Any]:
     idle = _status_field(pid, "VmRSS")
     idle_data = _status_field(pid, "VmData")
-    _reset_peak(pid)
     before = _decision_totals(testbed.stack.hapi_url)
     started = time.perf_counter()
-    with _DataPeak(pid) as data_peak, _PlannedPeak(testbed.stack.hapi_url) as planned:
+    with (
+        _DataPeak(pid) as data_peak,
+        _RssPeak(pid) as rss,
+        _PlannedPeak(testbed.stack.hapi_url) as planned,
+    ):
         outcomes = requester.fire(k)
     seconds = time.perf_counter() - started
     alive = Path(f"/proc/{pid}").exists()
-    peak = _status_field(pid, "VmHWM") - idle if alive else None
+    peak = int(rss.peak) - idle if alive else None
     after = _decision_totals(testbed.stack.hapi_url) if alive else before
     done = [o for o in outcomes if o.ok]
     cuts = [
@@ -329,6 +343,8 @@ def _start(testbed: Testbed, adaptive: bool, budget: int | None, weights: int) -
         "adaptation_window_s": 0.02,
         "max_concurrent_per_device": 8,
         "framework_reserve_bytes": 0,
+        # The thesis' figure: the budget is the requests' own, the server's idle RSS aside.
+        "count_process_memory": False,
     }
     if budget is not None:
         settings["cpu_memory_budget_bytes"] = budget + weights
@@ -374,7 +390,7 @@ def run_adaptation(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
     shard = data.manifest.shards[0].name
     requester = _Requester(testbed, stored, data.container, shard)
     requester.fire(8, split_index=1)  # loads the weights and starts every worker thread
-    _calibrate(requester, testbed)  # so that the server's probe leaves VmHWM alone from now on
+    _calibrate(requester, testbed)  # so that the server's probe measures no more from now on
     one = _measure_one(requester, pid)
     budget = int(HEADROOM * one)
     print(
@@ -436,7 +452,7 @@ def run_adaptation(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
                 f"({row['peak_share_pct']}% of the budget; VmData {row['data_share_pct']}%; "
                 f"planned {row['planned_share_pct']}%), "
                 f"{row['cut_share_pct']}% cut by "
-                f"{row['avg_cut_pct']}%, batches {row['cos_batches']}, VmHWM resets {row['vmhwm_resets']}",
+                f"{row['avg_cut_pct']}%, batches {row['cos_batches']}, probe readings {row['vmhwm_resets']}",
                 flush=True,
             )
     results.meta["calibration"] = calibrations

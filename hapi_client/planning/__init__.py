@@ -14,6 +14,7 @@ from .plan import SplitPlan, broadcast_index, decide_split, plan_split
 from .thesis_rule import choose_split_index
 from .time_rule import (
     ClientCosts,
+    JobShape,
     ServerCosts,
     StageTimes,
     choose_split_by_time,
@@ -23,6 +24,7 @@ from .time_rule import (
 __all__ = [
     "SPLIT_RULES",
     "ClientCosts",
+    "JobShape",
     "PipelineCosts",
     "ServerCosts",
     "SplitChoice",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,9 +33,11 @@ from hapi_contract import (
     TransformSpec,
     images_in_prefix,
 )
+from hapi_contract.layouts import parse_part
+from hapi_contract.shard_reading import check_pin
 
 from ..errors import ConfigurationError, HapiClientError
-from ..shard_loaders import read_source
+from ..shard_loaders import OBJECT_READ_CONCURRENCY, read_source
 from .time_rule import ClientCosts, ServerCosts
 
 if TYPE_CHECKING:
@@ -52,6 +55,10 @@ status = logging.getLogger("hapi_client.status")
 TIMING_BATCH = 16
 #: Images decoded to time the client's decode.
 DECODE_SAMPLES = 8
+#: A ``folder`` part's images read to time per-image reads: the read concurrency three times.
+OBJECT_SAMPLES = 48
+#: The link probe's size when the bandwidth is not known yet: long enough to time.
+PROBE_BYTES = 8 << 20
 
 _client_costs: dict[tuple[object, ...], ClientCosts] = {}
 
@@ -63,7 +70,19 @@ class PipelineCosts:
     """None when the server could not be asked; ``server_missing`` says why."""
     server_missing: str = ""
     probed_bytes_per_s: float | None = None
-    """The rate of the ranged read that fetched the images (a bandwidth probe)."""
+    """The link's rate from the plan's ranged read (a bandwidth probe): the shard's prefix, or
+    for a ``folder`` dataset the model's weights; None when the bandwidth was already known."""
+    objects_per_s: float | None = None
+    """A ``folder`` dataset's image reads per second at the read concurrency of an epoch
+    (``OBJECT_READ_CONCURRENCY``); None for shards, whose one object per shard costs one
+    request per hundreds of samples."""
+
+
+@dataclass(frozen=True)
+class _Sampled:
+    images: list[bytes]
+    link_bytes_per_s: float | None
+    objects_per_s: float | None
 
 
 def _sync(device: torch.device) -> None:
@@ -138,24 +157,67 @@ def measure_client_costs(
 
 
 def _sample_images(
-    swift: SwiftSession, source: ShardSource, stored_bytes_per_sample: float
+    swift: SwiftSession,
+    source: ShardSource,
+    stored_bytes_per_sample: float,
+    link_object: tuple[str, str],
+) -> _Sampled:
+    """The first images of a shard, the link's rate and, for per-image objects, their reads'.
+
+    A shard tar is read from its start, one ranged read that also probes the link (a few
+    hundred kilobytes when the bandwidth is already known). A ``folder`` part's images are
+    small objects each: one GET each is bound by the request's latency and Swift's per-request
+    work, not by the link, so their rate says nothing of what the features' streams will get.
+    So they are read as the epoch reads them, ``OBJECT_READ_CONCURRENCY`` at a time, which
+    gives their rate in objects per second at that concurrency, and the link is probed by a
+    ranged read of ``link_object`` (the model's weights: a large object on the same link, read
+    as the features' streams are). A tar whose prefix holds no image the strict reader knows
+    (gzip, ``.webp``) is read whole in its layout.
+    """
+    known = swift.bandwidth is not None and swift.bandwidth.bytes_per_s is not None
+    if source.layout is DatasetLayout.FOLDER:
+        images, objects_per_s = _read_images_concurrently(swift, source)
+        rate = None if known else swift.read_prefix(*link_object, PROBE_BYTES)[0]
+        return _Sampled(images, rate, objects_per_s)
+    if known:
+        nbytes = int((DECODE_SAMPLES + 1) * (stored_bytes_per_sample + 1536))
+    else:
+        nbytes = PROBE_BYTES  # the bandwidth probe's usual size: long enough to time
+    rate, data = swift.read_prefix(source.container, source.shard, nbytes)
+    images = images_in_prefix(data, DECODE_SAMPLES)
+    if images:
+        return _Sampled(images, rate, None)
+    samples, _ = read_source(swift, source)
+    return _Sampled([s.image_bytes for s in samples[:DECODE_SAMPLES]], rate, None)
+
+
+def _read_images_concurrently(
+    swift: SwiftSession, source: ShardSource
 ) -> tuple[list[bytes], float]:
-    """The first images of a shard and the rate they came at (a ranged read of a tar, which
-    also feeds the bandwidth estimate). A ``folder`` part's images, or a tar whose prefix holds
-    none the strict reader knows (gzip, ``.webp``), are read whole in their layout."""
-    if source.layout is not DatasetLayout.FOLDER:
-        if swift.bandwidth is None or swift.bandwidth.bytes_per_s is None:
-            nbytes = 8 << 20  # the bandwidth probe's usual size: long enough to time
-        else:
-            nbytes = int((DECODE_SAMPLES + 1) * (stored_bytes_per_sample + 1536))
-        rate, data = swift.read_prefix(source.container, source.shard, nbytes)
-        images = images_in_prefix(data, DECODE_SAMPLES)
-        if images:
-            return images, rate
-    began = time.perf_counter()
-    samples, nbytes = read_source(swift, source)
-    rate = nbytes / max(time.perf_counter() - began, 1e-9)
-    return [s.image_bytes for s in samples[:DECODE_SAMPLES]], rate
+    """The first ``OBJECT_SAMPLES`` images of a ``folder`` part, read ``OBJECT_READ_CONCURRENCY``
+    at a time, and the objects per second that came at (wall time over all of them)."""
+    data, etag = swift.get(source.container, source.shard, observe=False)
+    check_pin(source, etag)
+    entries = parse_part(data, source.where)[:OBJECT_SAMPLES]
+    if not entries:
+        raise ConfigurationError(f"{source.where} names no image to time the reads with")
+    container = source.image_container
+    workers = max(1, min(OBJECT_READ_CONCURRENCY, len(entries)))
+    with ThreadPoolExecutor(workers, "hapi-cost-reads") as pool:
+        began = time.perf_counter()
+        # Not observed one by one: each of these short reads shares the link with the others,
+        # and alone would time a fraction of it.
+        got = list(pool.map(lambda e: swift.get(container, e.name, observe=False)[0], entries))
+        wall = time.perf_counter() - began
+    status.info(
+        "timings: %d images of %s read %d at a time in %.2f s (%.0f objects/s)",
+        len(got),
+        source.where,
+        workers,
+        wall,
+        len(got) / max(wall, 1e-9),
+    )
+    return got[:DECODE_SAMPLES], len(got) / max(wall, 1e-9)
 
 
 def measure_pipeline_costs(
@@ -174,7 +236,11 @@ def measure_pipeline_costs(
     manifest = prepared.manifest
     shard = manifest.shards[0]
     source = ShardSource.of(manifest, container, 0)
-    images, rate = _sample_images(swift, source, manifest.mean_shard_bytes_per_sample)
+    stored = prepared.stored
+    sampled = _sample_images(
+        swift, source, manifest.mean_shard_bytes_per_sample, (stored.container, stored.object)
+    )
+    images, rate = sampled.images, sampled.link_bytes_per_s
     began = time.perf_counter()
     client_costs = measure_client_costs(
         prepared.net, prepared.transform, prepared.freeze_index, images, device
@@ -188,7 +254,11 @@ def measure_pipeline_costs(
     freeze = prepared.freeze_index
     if freeze == 0:
         return PipelineCosts(
-            client_costs, None, "the freeze index is 0: nothing to push down", rate
+            client_costs,
+            None,
+            "the freeze index is 0: nothing to push down",
+            rate,
+            sampled.objects_per_s,
         )
     req = TimingsRequest(
         container=source.container,
@@ -216,7 +286,11 @@ def measure_pipeline_costs(
     except HapiClientError as exc:
         log.warning("the server's timings are unavailable (%s): split by Algorithm 2", exc)
         return PipelineCosts(
-            client_costs, None, f"the server's timings are unavailable: {exc}", rate
+            client_costs,
+            None,
+            f"the server's timings are unavailable: {exc}",
+            rate,
+            sampled.objects_per_s,
         )
     server = ServerCosts(
         got.decode_s_per_sample,
@@ -226,4 +300,4 @@ def measure_pipeline_costs(
         got.load,
         got.device,
     )
-    return PipelineCosts(client_costs, server, "", rate)
+    return PipelineCosts(client_costs, server, "", rate, sampled.objects_per_s)

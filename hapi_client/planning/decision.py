@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from .time_rule import StageTimes
+    from .time_rule import JobShape, StageTimes
 
 __all__ = ["SPLIT_RULES", "SplitChoice", "SplitDecision"]
 
@@ -35,3 +35,5 @@ class SplitDecision:
     iterations: int | None = None
     """The epoch's iterations the rule ``"time"`` ranked them over (``StageTimes.predicted_s``);
     ``None``: over one steady-state iteration."""
+    job: JobShape | None = field(default=None, repr=False)
+    """The whole job the rule ``"time"`` ranked over (epochs, feature cache), where known."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,7 +22,7 @@ from ..errors import ConfigurationError
 from .costs import PipelineCosts, measure_pipeline_costs
 from .decision import SplitChoice, SplitDecision
 from .thesis_rule import ProfileLike, choose_split_index
-from .time_rule import choose_split_by_time
+from .time_rule import JobShape, choose_split_by_time
 
 if TYPE_CHECKING:
     from ..client import HapiClient
@@ -54,11 +55,19 @@ def decide_split(
     split: SplitChoice | str,
     costs: PipelineCosts | None = None,
     world_size: int = 1,
+    *,
+    epochs: int = 1,
+    cached: bool = False,
+    planning_s: float = 0.0,
 ) -> SplitDecision:
     """The split for ``split`` = ``"auto"`` (the fastest epoch predicted from ``costs`` and
     ``bandwidth``, each of ``world_size`` ranks taking its share of the manifest's samples;
     Algorithm 2 when the server's costs are missing), ``"thesis"`` (Algorithm 2 on
-    ``bandwidth``), ``"freeze"`` or an index in ``[0, freeze]``. Pure: measures nothing."""
+    ``bandwidth``), ``"freeze"`` or an index in ``[0, freeze]``. Pure: measures nothing.
+
+    ``"auto"`` ranks the whole job: ``epochs`` epochs, the later ones from the feature cache
+    where ``cached`` (the caller keeps features and no random augmentation changes them), plus
+    the ``planning_s`` already spent."""
     if split == "freeze":
         return SplitDecision(freeze, "forced to the freeze index", 0.0, 0.0, 0.0, (), "forced")
     if isinstance(split, int) and not isinstance(split, bool):
@@ -72,6 +81,7 @@ def decide_split(
     if bandwidth is None:
         raise ConfigurationError(f"split={split!r} needs a bandwidth estimate (probe Swift first)")
     if split == "auto" and costs is not None and costs.server is not None:
+        iterations = -(-manifest.num_samples // (batch_size * world_size))
         return choose_split_by_time(
             costs.server,
             costs.client,
@@ -79,7 +89,8 @@ def decide_split(
             batch_size,
             bandwidth,
             freeze,
-            iterations=-(-manifest.num_samples // (batch_size * world_size)),
+            job=JobShape(iterations, epochs, cached, planning_s),
+            read_s_per_sample=1 / costs.objects_per_s if costs.objects_per_s else 0.0,
         )
     decision = choose_split_index(
         prof,
@@ -111,6 +122,8 @@ def plan_split(
     rank: int = 0,
     world_size: int = 1,
     collective: bool = False,
+    epochs: int = 1,
+    cached: bool = False,
 ) -> SplitPlan:
     """Plan the split of one run on ``container``: measure, find a bandwidth, decide, agree.
 
@@ -129,7 +142,8 @@ def plan_split(
        ``batch_size`` x ``world_size`` iterations (``world_size`` ranks each taking batches of
        ``batch_size``; 1 where ``batch_size`` is already a round's, as in the robust trainer). With ``current`` (an epoch boundary), the current
        decision stays unless the bandwidth estimate drifted more than 25 % from the one it was
-       made on.
+       made on. ``"auto"`` ranks the whole job: ``epochs`` epochs, the later ones from the
+       feature cache where ``cached``, plus the seconds this plan spent measuring.
     4. **Agreement** with ``collective`` (``torch.distributed`` is initialised): rank 0 runs
        steps 1 to 3 alone and broadcasts its index (an int64 tensor: nothing is pickled); the
        other ranks measure nothing and get an ``"agreed"`` decision with that index. Every rank
@@ -143,6 +157,7 @@ def plan_split(
         )
 
     def here() -> SplitPlan:
+        began = time.perf_counter()
         bandwidth = client.bandwidth.bytes_per_s
         if current is not None and (
             bandwidth is None or not client.bandwidth.drifted(current.budget_bytes)
@@ -179,6 +194,9 @@ def plan_split(
             choice,
             measured,
             world_size,
+            epochs=epochs,
+            cached=cached,
+            planning_s=time.perf_counter() - began,
         )
         if current is not None and decision.split_index != current.split_index:
             log.info(

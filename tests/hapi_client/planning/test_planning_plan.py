@@ -42,7 +42,7 @@ def prepared() -> Any:
     profile = hapi_models.profile(hapi_models.get_model("alexnet", num_classes=1000))
     manifest = SimpleNamespace(
         mean_shard_bytes_per_sample=110_000,
-        shards=[SimpleNamespace(name="s")],
+        shards=[SimpleNamespace(name="s", etag=None)],
         layout=DatasetLayout.SHARDS,
     )
     return SimpleNamespace(profile=profile, manifest=manifest, freeze_index=FREEZE)
@@ -113,7 +113,7 @@ def _rank(rank: int, port: int, out: str) -> None:
         profile = hapi_models.profile(hapi_models.get_model("alexnet", num_classes=1000))
         manifest = SimpleNamespace(
             mean_shard_bytes_per_sample=110_000,
-            shards=[SimpleNamespace(name="s")],
+            shards=[SimpleNamespace(name="s", etag=None)],
             layout=DatasetLayout.SHARDS,
         )
         prepared = SimpleNamespace(profile=profile, manifest=manifest, freeze_index=FREEZE)

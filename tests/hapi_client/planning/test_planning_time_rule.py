@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from hapi_client import ConfigurationError
 from hapi_client.planning import (
     ClientCosts,
+    JobShape,
     ServerCosts,
     choose_split_by_time,
     predict_stage_times,
@@ -105,3 +108,111 @@ def test_a_short_epoch_weighs_the_fill_of_the_pipeline() -> None:
     assert "over an epoch of 1 iterations" in one.reason
     with pytest.raises(ConfigurationError, match="at least one iteration"):
         choose_split_by_time(server, client, 1e6, 10, 10 * MBIT, 2, iterations=0)
+
+
+# Split 1 leaves the client the heavy layer, split 2 puts it on the slower server: over one
+# epoch split 1 is faster, but a cached epoch runs only the client's part, where split 2 is light.
+JOB_SERVER = ServerCosts(
+    decode_s=0.0, layer_s=[0.0, 0.1], encode_s=[0.0, 0.0], wire_bytes=[1e3, 1e3]
+)
+JOB_CLIENT = ClientCosts(decode_s=0.0, layer_s=[0.0, 0.05], train_s=0.01, step_s=0.0)
+WIDE = 10_000 * MBIT
+
+
+def _job(epochs: int, cached: bool, planning_s: float = 0.0) -> JobShape:
+    return JobShape(iterations=10, epochs=epochs, cached=cached, planning_s=planning_s)
+
+
+def test_a_cached_multi_epoch_job_can_choose_another_split_than_one_epoch() -> None:
+    one = choose_split_by_time(JOB_SERVER, JOB_CLIENT, 2e3, 10, WIDE, 2, job=_job(1, True))
+    cached = choose_split_by_time(JOB_SERVER, JOB_CLIENT, 2e3, 10, WIDE, 2, job=_job(5, True))
+    assert (one.split_index, cached.split_index) == (1, 2)
+    times = {t.split: t for t in cached.predictions}
+    # The first epoch through the pipeline, four more on cached features (the client's part).
+    assert times[2].job_s(_job(5, True)) == pytest.approx(times[2].epoch_s(10) + 4 * 10 * 0.1)
+    # Split 0 is never cached: raw shards are read and decoded every epoch.
+    assert times[0].job_s(_job(5, True)) == pytest.approx(5 * times[0].epoch_s(10))
+    assert "features cached after the first" in cached.reason
+    assert cached.job == _job(5, True)
+
+
+def test_an_uncached_job_is_its_epochs_times_one_epoch_plus_planning() -> None:
+    uncached = choose_split_by_time(
+        JOB_SERVER, JOB_CLIENT, 2e3, 10, WIDE, 2, job=_job(5, False, planning_s=3.0)
+    )
+    one = choose_split_by_time(JOB_SERVER, JOB_CLIENT, 2e3, 10, WIDE, 2, job=_job(1, False))
+    assert uncached.split_index == one.split_index == 1
+    for t in uncached.predictions:
+        assert t.job_s(_job(5, False, 3.0)) == pytest.approx(3.0 + 5 * t.epoch_s(10))
+    assert "no feature cache" in uncached.reason
+
+
+def test_baseline_and_the_freeze_index_are_always_candidates() -> None:
+    for job in (_job(1, False), _job(7, True)):
+        decision = choose_split_by_time(JOB_SERVER, JOB_CLIENT, 2e3, 10, WIDE, 2, job=job)
+        assert {0, 2} <= set(decision.candidates)
+        assert {0, 2} <= {t.split for t in decision.predictions}
+
+
+def _figures(text: str) -> list[float]:
+    return [float(x) for x in re.findall(r"split \d+: (\d+\.\d+) s", text)]
+
+
+def test_the_explanation_prints_the_figures_it_ranked() -> None:
+    job = _job(5, True)
+    decision = choose_split_by_time(JOB_SERVER, JOB_CLIENT, 2e3, 10, WIDE, 2, job=job)
+    times = {t.split: t for t in decision.predictions}
+    winner, runner = _figures(decision.reason)[:2]
+    assert winner == pytest.approx(times[2].job_s(job), abs=0.01)
+    assert "s for the job" in decision.reason and "per iteration (" not in decision.reason
+    assert winner <= runner
+    epoch = choose_split_by_time(JOB_SERVER, JOB_CLIENT, 2e3, 10, WIDE, 2, iterations=10)
+    assert _figures(epoch.reason)[0] == pytest.approx(times[1].epoch_s(10), abs=0.01)
+    assert "s per epoch" in epoch.reason
+
+
+def test_the_tie_rule_is_stated_as_applied() -> None:
+    """Split 2 is 1 % faster per epoch but ships twice the bytes of split 1: within the
+    tolerance, the one shipping fewer bytes wins, and the text says which was faster and why."""
+    server = ServerCosts(
+        decode_s=0.0, layer_s=[0.0, 0.0], encode_s=[0.0, 0.0], wire_bytes=[1e3, 2e3]
+    )
+    client = ClientCosts(decode_s=1.0, layer_s=[0.0, 0.0051], train_s=0.01, step_s=0.0)
+    # One iteration of 10: split 1's wire 0.05 s (10 kB at 0.2 MB/s) and client 0.151 s, split
+    # 2's wire 0.1 s and client 0.1 s: an epoch of one iteration is 0.201 s against 0.2 s.
+    d = choose_split_by_time(server, client, 1e5, 10, 200_000.0, 2, iterations=1)
+    assert d.split_index == 1
+    assert "runner-up split 2: 0.200 s per epoch" in d.reason
+    assert "predicted 0.5% faster" in d.reason
+    assert "the one shipping fewer bytes wins" in d.reason
+    assert "0.02 MB against 0.01 MB" in d.reason
+
+
+def test_fewer_bytes_is_never_claimed_between_equal_bytes() -> None:
+    """Splits 1 and 2 ship the same bytes and are within 2 %: the faster one wins, and the text
+    does not say that bytes decided."""
+    server = ServerCosts(
+        decode_s=0.0, layer_s=[0.0, 0.0], encode_s=[0.0, 0.0], wire_bytes=[1e3, 1e3]
+    )
+    client = ClientCosts(decode_s=1.0, layer_s=[0.0, 0.0001], train_s=0.01, step_s=0.0)
+    d = choose_split_by_time(server, client, 1e5, 10, WIDE, 2, iterations=10)
+    assert d.split_index == 2  # 0.1 s per iteration against 0.101 s
+    assert "fewer bytes" not in d.reason
+    assert "runner-up split 1" in d.reason
+
+
+def test_folder_image_reads_floor_whoever_reads_them() -> None:
+    """A folder dataset's per-image reads bound the client's wire stage at split 0 and the
+    server's stage at every other split, whatever the link."""
+    times = predict_stage_times(SERVER, CLIENT, STORED, 10, 10_000 * MBIT, 4, 0.05)
+    assert times[0].wire_s == pytest.approx(0.5)
+    assert all(t.server_s >= 0.5 for t in times[1:])
+    with pytest.raises(ConfigurationError, match="read time"):
+        predict_stage_times(SERVER, CLIENT, STORED, 10, MBIT, 4, -1.0)
+
+
+def test_a_job_needs_an_epoch_and_an_iteration() -> None:
+    with pytest.raises(ConfigurationError, match="at least one epoch"):
+        JobShape(iterations=3, epochs=0)
+    with pytest.raises(ConfigurationError, match="at least one iteration"):
+        JobShape(iterations=0)

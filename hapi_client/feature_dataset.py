@@ -130,6 +130,8 @@ class FeatureDataset(IterableDataset[Batch]):
             ``none``/``zstd``).
         b_max: the largest COS batch the server may use (default: one shard, at most 1000).
         cache_features: keep features of the frozen split in memory for later epochs.
+        epochs: the epochs the caller will run: ``split="auto"`` ranks the splits by the whole
+            job's predicted time (later epochs from the feature cache when it is on).
         prefetch: shards loaded ahead (default: enough for one batch, at least 2).
         verify_fraction: fraction of shards whose features are recomputed locally
             (``verify_samples`` samples each); a mismatch raises
@@ -178,14 +180,16 @@ class FeatureDataset(IterableDataset[Batch]):
         prepared: PreparedModel | None = None,
         preflight: bool = True,
         evaluation: bool = False,
+        epochs: int = 1,
     ) -> None:
         super().__init__()
+        self.epochs = epochs
         self.evaluation = evaluation
         if mode not in ("hapi", "baseline"):
             raise ConfigurationError(f"mode must be 'hapi' or 'baseline', got {mode!r}")
         # The keywords a user's own loop passes are checked by the option objects every other
         # way of training builds, so each rule is written once.
-        TrainOptions(batch_size=batch_size, seed=seed)
+        TrainOptions(batch_size=batch_size, seed=seed, epochs=epochs)
         self.extract = ExtractOptions(
             split=split,
             freeze_index=freeze_index,
@@ -287,6 +291,7 @@ class FeatureDataset(IterableDataset[Batch]):
             verify_samples=verify_samples,
             prepared=prepared,
             evaluation=evaluation,
+            epochs=train.epochs,
         )
 
     # -- what the user reads ------------------------------------------------------------------
@@ -511,6 +516,9 @@ class FeatureDataset(IterableDataset[Batch]):
             rank=self.rank,
             world_size=self.world_size,
             collective=self._collective and self.world_size > 1,
+            # At an epoch boundary, what is left of the job.
+            epochs=max(1, self.epochs - getattr(self, "_epoch", 0)),
+            cached=self.cache is not None,
         )
         # Measured once per run; a re-plan at an epoch boundary reuses them.
         self._costs = plan.costs or self._costs

@@ -174,6 +174,8 @@ def setup_replica(
             device=device,
             rank=rank,
             collective=True,
+            epochs=cfg.train.epochs,
+            cached=cfg.extract.cache_features,
         )
         split = plan.decision.split_index
         if rank == 0:

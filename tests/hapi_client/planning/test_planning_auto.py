@@ -130,3 +130,27 @@ def test_a_resumed_auto_dataset_ends_its_epoch_on_the_saved_split_then_plans_afr
         assert model.split == resumed.split_index
         assert resumed.state_dict()["split_index"] == resumed.split_index
         assert features.shape[0] == 10
+
+
+@pytest.mark.parametrize("cache_features", [True, False])
+def test_auto_ranks_the_whole_job_it_is_told_of(
+    client_env: ClientEnv, cache_features: bool
+) -> None:
+    """The epochs and whether the feature cache serves the later ones reach the rule, which
+    ranks (and prints) the job's predicted time."""
+    with client_env.client() as client:
+        ds = FeatureDataset(
+            client,
+            client_env.train,
+            client_env.models["alexnet"].name,
+            batch_size=10,
+            transform=SMALL,
+            epochs=3,
+            cache_features=cache_features,
+        )
+        job = ds.decision.job
+        assert job is not None and job.epochs == 3 and job.cached is cache_features
+        assert job.iterations == ds.decision.iterations and job.planning_s > 0
+        predicted = [t.job_s(job) for t in ds.decision.predictions]
+        assert predicted[ds.split_index] <= min(predicted) * TIE_TOLERANCE
+        assert "s for the job" in ds.decision.reason

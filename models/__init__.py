@@ -48,7 +48,15 @@ from .registry import (
 )
 from .split_points import SplitPoint, split_points
 from .splittable import SplittableModel
-from .transforms import ImageDecodeError, InputTransform, decode_image
+from .transforms import (
+    DECODE_PATHS,
+    DecodePath,
+    ImageDecodeError,
+    InputTransform,
+    decode_image,
+    decode_pixels,
+    named_errors,
+)
 from .weights import (
     MAX_WEIGHTS_BYTES,
     load_weights,
@@ -76,6 +84,10 @@ __all__ = [
     "ImageDecodeError",
     "InputSizeError",
     "InputTransform",
+    "DECODE_PATHS",
+    "DecodePath",
+    "decode_pixels",
+    "named_errors",
     "LayerProfile",
     "ModelProfile",
     "ModelSpec",

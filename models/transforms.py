@@ -3,19 +3,45 @@
 The transform is part of a model's definition (each registry entry carries its default) and
 travels with every HAPI request, so the server and the client (BASELINE mode) decode identical
 bytes into identical tensors through this one function.
+
+Two decode paths (:data:`DecodePath`), both read the image's header first, so the pixel and
+decompression-bomb limits hold before a single pixel is decoded:
+
+* ``"fast"`` (the default, on both sides): a baseline or progressive RGB/greyscale JPEG decodes
+  through libjpeg-turbo in ``torchvision.io.decode_jpeg`` straight into a uint8 tensor; one at
+  least twice the resize target decodes at a reduced DCT scale (PIL's ``draft``), so a 12 MP
+  photo never materialises at full size; everything else (CMYK, PNG, WebP, palette, alpha, a
+  JPEG with no end marker) decodes through PIL as before. Resize and crop run per image on
+  uint8, the float conversion and normalisation once per batch.
+* ``"pil"``: the previous path, kept for the roofline benchmark's side-by-side comparison.
+
+The decoded pixels of a JPEG are the same through either library (both are libjpeg-turbo with
+its default DCT and upsampling), so the two paths give equal features except where ``draft``
+reduces the decode.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from typing import Literal
 
+import numpy as np
 import torch
 from PIL import Image
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+
+DecodePath = Literal["fast", "pil"]
+DECODE_PATHS: tuple[DecodePath, ...] = ("fast", "pil")
+
+# The modes libjpeg-turbo turns into RGB exactly as PIL's convert("RGB") does; CMYK/YCCK JPEGs
+# (Adobe's inverted CMYK among them) are left to PIL, which knows their conventions.
+_TURBO_MODES = frozenset({"RGB", "L"})
+_JPEG_END = b"\xff\xd9"
 
 
 class ImageDecodeError(ValueError):
@@ -66,46 +92,127 @@ class InputTransform:
     def __call__(self, image: Image.Image) -> torch.Tensor:
         return self.pipeline()(image.convert("RGB"))
 
+    def decode_uint8(self, data: bytes, *, max_pixels: int | None = None) -> torch.Tensor:
+        """One image through the fast path up to its ``[3, crop, crop]`` uint8 crop.
+
+        The unit of work a decode pool runs; :meth:`normalize` turns a stack of them into the
+        model's input.
+        """
+        from torchvision.transforms.v2 import InterpolationMode
+        from torchvision.transforms.v2 import functional as F
+
+        pixels = decode_pixels(data, max_pixels=max_pixels, resize=self.resize)
+        resized = F.resize(pixels, self.resize, InterpolationMode.BILINEAR, antialias=True)
+        return F.center_crop(resized, [self.crop, self.crop])
+
+    def normalize(self, batch: torch.Tensor) -> torch.Tensor:
+        """A uint8 ``[N, 3, crop, crop]`` batch as the float32 input, scaled and normalised."""
+        from torchvision.transforms.v2 import functional as F
+
+        x = F.to_dtype(batch, torch.float32, scale=True)
+        return F.normalize(x, list(self.mean), list(self.std))
+
     def decode_batch(
         self,
         images: Sequence[bytes],
         *,
         max_pixels: int | None = None,
         names: Sequence[str] | None = None,
+        path: DecodePath = "fast",
     ) -> torch.Tensor:
         """Decode encoded images (JPEG/PNG bytes) and stack them into an ``[N, 3, crop, crop]`` batch.
 
         ``names`` says where each image came from (its object, or its shard and key): an
         image that does not decode is an :class:`ImageDecodeError` led by its name, since a
         header check before cannot find a body cut short and the caller must know which of
-        thousands of objects to fix.
+        thousands of objects to fix. ``path`` picks the decode (see the module docstring).
         """
         if names is not None and len(names) != len(images):
             raise ValueError(f"{len(names)} names for {len(images)} images")
+        if path not in DECODE_PATHS:
+            raise ValueError(f"decode path must be one of {DECODE_PATHS}, not {path!r}")
+        if path == "pil":
+            return self._decode_batch_pil(images, max_pixels, names)
+        out = torch.empty((len(images), *self.input_shape), dtype=torch.uint8)
+        for i, data in enumerate(images):
+            with named_errors(names, i):
+                out[i] = self.decode_uint8(data, max_pixels=max_pixels)
+        return self.normalize(out)
+
+    def _decode_batch_pil(
+        self, images: Sequence[bytes], max_pixels: int | None, names: Sequence[str] | None
+    ) -> torch.Tensor:
         pipe = self.pipeline()
         out = torch.empty((len(images), *self.input_shape), dtype=torch.float32)
         for i, data in enumerate(images):
-            try:
+            with named_errors(names, i):
                 image = decode_image(data, max_pixels=max_pixels)
-            except ImageDecodeError as exc:
-                if names is None:
-                    raise
-                raise ImageDecodeError(f"{names[i]}: {exc}") from exc
             out[i] = pipe(image)
         return out
 
 
-def decode_image(data: bytes, *, max_pixels: int | None = None) -> Image.Image:
-    """Decode one encoded image to RGB, refusing more than ``max_pixels`` before decoding it."""
+@contextmanager
+def named_errors(names: Sequence[str] | None, index: int) -> Iterator[None]:
+    """Lead an :class:`ImageDecodeError` of image ``index`` with its entry in ``names``."""
+    try:
+        yield
+    except ImageDecodeError as exc:
+        if names is None:
+            raise
+        raise ImageDecodeError(f"{names[index]}: {exc}") from exc
+
+
+def _open(data: bytes, max_pixels: int | None) -> Image.Image:
+    """The image's header only (PIL reads no pixel yet), with the pixel limit checked."""
     try:
         img = Image.open(io.BytesIO(data))
-        if max_pixels is not None and img.width * img.height > max_pixels:
-            raise ImageDecodeError(
-                f"image of {img.width}x{img.height} pixels exceeds the limit of {max_pixels} pixels"
-            )
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
+        raise ImageDecodeError(f"cannot decode image: {exc}") from exc
+    if max_pixels is not None and img.width * img.height > max_pixels:
+        raise ImageDecodeError(
+            f"image of {img.width}x{img.height} pixels exceeds the limit of {max_pixels} pixels"
+        )
+    return img
+
+
+def _load(img: Image.Image) -> Image.Image:
+    try:
         img.load()
-    except ImageDecodeError:
-        raise
     except (OSError, ValueError, Image.DecompressionBombError) as exc:
         raise ImageDecodeError(f"cannot decode image: {exc}") from exc
     return img.convert("RGB")
+
+
+def decode_image(data: bytes, *, max_pixels: int | None = None) -> Image.Image:
+    """Decode one encoded image to RGB, refusing more than ``max_pixels`` before decoding it."""
+    return _load(_open(data, max_pixels))
+
+
+def decode_pixels(
+    data: bytes, *, max_pixels: int | None = None, resize: int | None = None
+) -> torch.Tensor:
+    """Decode one encoded image to a ``[3, H, W]`` uint8 RGB tensor by the fast path.
+
+    ``resize``: the shorter side the caller resizes to; a JPEG at least twice that decodes at
+    the largest DCT scale (1/2, 1/4, 1/8) that keeps its shorter side at or above it.
+    """
+    img = _open(data, max_pixels)
+    if img.format != "JPEG" or img.mode not in _TURBO_MODES or not data.endswith(_JPEG_END):
+        return _pil_tensor(_load(img))
+    if resize is not None and min(img.size) >= 2 * resize:
+        scale = resize / min(img.size)
+        img.draft("RGB", (int(img.width * scale + 0.999), int(img.height * scale + 0.999)))
+        return _pil_tensor(_load(img))
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    # A writable copy (about 100 KB): torch warns about tensors over read-only bytes.
+    encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    try:
+        return decode_jpeg(encoded, mode=ImageReadMode.RGB)
+    except RuntimeError:
+        # A body libjpeg-turbo refuses: PIL's decode says why, as the old path did.
+        return _pil_tensor(_load(img))
+
+
+def _pil_tensor(img: Image.Image) -> torch.Tensor:
+    return torch.from_numpy(np.array(img, dtype=np.uint8)).permute(2, 0, 1)

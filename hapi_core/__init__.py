@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from .extraction import (
         ModelPlan,
         PreparedExtraction,
+        SharedExtraction,
         abandon,
         conclude,
         finish,
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
         pin_if_resident,
         plan_weights,
         prepare,
+        prepare_extraction,
         read_named_samples,
         read_samples,
         read_shard,
@@ -75,6 +77,7 @@ if TYPE_CHECKING:
         source_of,
     )
     from .flow import (
+        Await,
         Compute,
         Effect,
         Flow,
@@ -91,6 +94,16 @@ if TYPE_CHECKING:
     from .metrics import Metrics
     from .runtime import CoreRuntime
     from .settings import CoreSettings
+    from .shared_features import (
+        Computation,
+        FeatureKey,
+        FeatureStore,
+        Joined,
+        RecordingEncoder,
+        SharedFeatures,
+        feature_key,
+        reframe,
+    )
     from .solver import Demand, InfeasibleRequestError, Plan, solve
     from .timing import time_head, time_request
 
@@ -98,8 +111,10 @@ __getattr__, __dir__ = attach(__name__, __file__)
 
 __all__ = [
     "AsyncioTimers",
+    "Await",
     "BatchExecutionError",
     "ChecksumError",
+    "Computation",
     "Compute",
     "CoreRuntime",
     "CoreSettings",
@@ -108,6 +123,8 @@ __all__ = [
     "DeviceScheduler",
     "Effect",
     "ExtractionJob",
+    "FeatureKey",
+    "FeatureStore",
     "Flow",
     "ForbiddenError",
     "Get",
@@ -121,18 +138,22 @@ __all__ = [
     "InvalidShardError",
     "JobCancelled",
     "JobStats",
+    "Joined",
     "Metrics",
     "ModelPlan",
     "NotFoundError",
-    "ObjectInfo",
     "ObjectChangedError",
+    "ObjectInfo",
     "PayloadTooLargeError",
     "Plan",
     "PreparedExtraction",
     "QueueFullError",
+    "RecordingEncoder",
     "RequestTimeoutError",
     "Reservation",
     "Reserve",
+    "SharedExtraction",
+    "SharedFeatures",
     "StorageRefusedError",
     "StorageUnavailableError",
     "StoredObject",
@@ -146,6 +167,7 @@ __all__ = [
     "check_weights",
     "conclude",
     "extract_headers",
+    "feature_key",
     "finish",
     "get_many_in_threads",
     "input_transform",
@@ -155,10 +177,12 @@ __all__ = [
     "pin_if_resident",
     "plan_weights",
     "prepare",
+    "prepare_extraction",
     "raising_server_errors",
     "read_named_samples",
     "read_samples",
     "read_shard",
+    "reframe",
     "release_model",
     "reserve_and_load",
     "run_async",

@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -36,6 +36,7 @@ from hapi_contract import (
 )
 from hapi_contract.frames import FrameEncoder
 from hapi_contract.layouts import PartEntry
+from hapi_contract.shard_reading import check_pin
 
 from .adaptation import DeviceScheduler, Reservation, make_demand, new_request_id
 from .admission import admit_model, build_model, check_weights, input_transform
@@ -47,15 +48,24 @@ from .errors import (
     PayloadTooLargeError,
 )
 from .estimates import model_footprint
-from .flow import Compute, Flow, Get, GetMany, Head, ObjectInfo, Reserve, StoredObject
+from .flow import Await, Compute, Flow, Get, GetMany, Head, ObjectInfo, Reserve, StoredObject
 from .inputs import check_named_images
 from .runtime import CoreRuntime
+from .shared_features import (
+    Computation,
+    Joined,
+    RecordingEncoder,
+    SharedFeatures,
+    feature_key,
+    reframe,
+)
 from .solver import Demand, effective_b_min
 from .weights_cache import CachedModel, CacheKey
 
 __all__ = [
     "ModelPlan",
     "PreparedExtraction",
+    "SharedExtraction",
     "abandon",
     "conclude",
     "finish",
@@ -64,6 +74,7 @@ __all__ = [
     "pin_if_resident",
     "plan_weights",
     "prepare",
+    "prepare_extraction",
     "read_named_samples",
     "read_samples",
     "read_shard",
@@ -168,6 +179,7 @@ def read_named_samples(
     source: ShardSource,
     num_classes: int,
     reserve: ReserveRead | None = None,
+    read_etags: list[str] | None = None,
 ) -> Flow[tuple[list[bytes], list[int], list[str]]]:
     """A shard's images and labels in any layout, read as the caller and checked: the format
     (422), the sample count (413), the shard object and a folder part's images against their
@@ -182,7 +194,8 @@ def read_named_samples(
     member takes at least 512 bytes and a sample two: at most one sample per KiB); for a
     ``folder`` part, the part's bytes and the sizes it pins for its images, and their count
     (the part itself, a list of names, is read first). A read it was not called before (a
-    reader of another shape) calls it with what was read.
+    reader of another shape) calls it with what was read. ``read_etags`` collects the etag
+    Swift answered each object GET with (the shard, or a folder part).
     """
     settings = rt.settings
     read = read_shard_samples(
@@ -193,7 +206,7 @@ def read_named_samples(
         max_image_bytes=settings.max_image_bytes,
     )
     try:
-        samples = yield from _perform_read(rt, read, source, reserve)
+        samples = yield from _perform_read(rt, read, source, reserve, read_etags)
     except ChangedObjectError as exc:
         raise ObjectChangedError(str(exc)) from exc
     except TooManySamplesError as exc:
@@ -207,7 +220,11 @@ def read_named_samples(
 
 
 def _perform_read(
-    rt: CoreRuntime, read: ShardRead[T], source: ShardSource, reserve: ReserveRead | None
+    rt: CoreRuntime,
+    read: ShardRead[T],
+    source: ShardSource,
+    reserve: ReserveRead | None,
+    read_etags: list[str] | None = None,
 ) -> Flow[T]:
     """Run a contract read with this core's effects (see :mod:`hapi_contract.shard_reading`),
     planning its bytes through ``reserve`` before the bulk of them is read."""
@@ -232,6 +249,8 @@ def _perform_read(
                     reserve = None
                 blob: StoredObject = yield Get(container, name, max_bytes)
                 held += len(blob.data)
+                if read_etags is not None:
+                    read_etags.append(blob.etag)
                 answer = (blob.data, blob.etag)  # the reader checks a pinned shard's etag
             case ReadObjects(container, names, max_bytes_each):
                 if reserve is not None:
@@ -350,10 +369,131 @@ class PreparedExtraction:
     """Where each image came from, for the decode's errors (:meth:`ShardSource.sample_name`)."""
     stream_started: bool = False
     finished: bool = False
+    computation: Computation | None = None
+    """The shared computation this request leads (see :mod:`hapi_core.shared_features`)."""
+    encoder: RecordingEncoder | None = None
+    """The leading job's encoder, which keeps its features for the others."""
+
+    def settle_shared(self, rt: CoreRuntime, succeeded: bool) -> None:
+        """Hand a leading job's features to the requests waiting for them and to the store
+        (nothing when the job failed or stopped early); idempotent."""
+        if self.computation is not None:
+            result = self.encoder.collected() if succeeded and self.encoder else None
+            rt.features.settle(self.computation, result)
+            self.computation = None
+
+
+@dataclass
+class SharedExtraction:
+    """A request answered with features computed once for many (see
+    :mod:`hapi_core.shared_features`): from the store (``how`` = ``"hit"``) or from another
+    request's computation it joined (``"coalesced"``). It holds no reservation and no model:
+    the features are the store's, and re-framing them is all that is left."""
+
+    request: ExtractRequest
+    request_id: str
+    device: str
+    features: SharedFeatures
+    how: str
+    started: float
+    waited_s: float = 0.0
+    finished: bool = False
+
+    @property
+    def batch_size(self) -> int:
+        """The request's own COS batch: its ``b_max``, within the server's sample limit."""
+        return max(1, min(self.request.b_max, self.features.count))
+
+    def frames(self) -> tuple[FrameEncoder, Iterator[bytes]]:
+        """The request's encoder and its batch frames, re-framed at :attr:`batch_size`."""
+        req = self.request
+        encoder = FrameEncoder(dtype=req.output_dtype, compression=req.compression)
+        return encoder, reframe(encoder, self.features, self.batch_size)
+
+    def end_meta(self, encoder: FrameEncoder, encode_s: float) -> dict[str, object]:
+        """The end frame's meta, shaped as a computed request's (nothing decoded or run)."""
+        sizes = [
+            min(self.batch_size, self.features.count - start)
+            for start in range(0, self.features.count, self.batch_size)
+        ]
+        return {
+            "cos_batch_sizes": sizes,
+            "server_ms": {
+                "total": round((time.perf_counter() - self.started) * 1000, 3),
+                "queued": round(self.waited_s * 1000, 3),
+                "decode": 0.0,
+                "compute": 0.0,
+                "encode": round(encode_s * 1000, 3),
+                "read": 0.0,
+            },
+            "feature_bytes": encoder.payload_bytes,
+            "vmhwm_resets": 0,
+            "request_id": self.request_id,
+            "device": self.device,
+            "split_index": self.request.split_index,
+            "shared": self.how,
+        }
+
+
+def _share(
+    rt: CoreRuntime,
+    req: ExtractRequest,
+    namespace: str,
+    plan: ModelPlan,
+    request_id: str,
+    device: str,
+    started: float,
+) -> Flow[SharedExtraction | Computation | None]:
+    """Features of ``req`` computed once for many: stored ones, a computation to wait for, or
+    one this request leads (None: nothing to share, e.g. a ``folder`` part, whose images are
+    many objects). The shard's HEAD as the caller comes first, so a caller Swift refuses gets
+    the same 401/403/404 whether or not another caller's job computed the features, and the
+    key holds the etag Swift answered this caller now: an overwritten shard is a new key."""
+    store = rt.features
+    if not store.enabled or req.layout is DatasetLayout.FOLDER:
+        return None
+    info: ObjectInfo = yield Head(req.container, req.shard)
+    try:
+        check_pin(source_of(req, req.shard), info.etag)
+    except ChangedObjectError as exc:
+        raise ObjectChangedError(str(exc)) from exc
+    key = feature_key(namespace, req, info.etag, plan.info.etag)
+    found = store.begin(key)
+    if isinstance(found, Joined):
+        waiting = time.perf_counter()
+        timeout = rt.settings.request_timeout_s - (waiting - started)
+        result: SharedFeatures | None = yield Await(found.computation, max(0.0, timeout))
+        if result is None:
+            return None  # the computation failed or was given up: compute alone
+        return SharedExtraction(
+            req, request_id, device, result, "coalesced", started, time.perf_counter() - waiting
+        )
+    if isinstance(found, SharedFeatures):
+        return SharedExtraction(req, request_id, device, found, "hit", started)
+    return found
 
 
 def prepare(rt: CoreRuntime, req: ExtractRequest) -> Flow[PreparedExtraction]:
     """Everything refusable with a status, in cost order: cheap checks, reads, admission, load."""
+    prep = yield from _prepare(rt, req, None)
+    assert isinstance(prep, PreparedExtraction)
+    return prep
+
+
+def prepare_extraction(
+    rt: CoreRuntime, req: ExtractRequest, namespace: str
+) -> Flow[PreparedExtraction | SharedExtraction]:
+    """:func:`prepare`, sharing features between requests when the runtime has a feature
+    store: the caller's own HEADs of the weights and the shard authorise it first;
+    ``namespace`` names the caller's account (object paths are per account). A
+    :class:`PreparedExtraction` that leads a computation carries it
+    (:attr:`PreparedExtraction.computation`); its host settles it when the job ends."""
+    return (yield from _prepare(rt, req, namespace))
+
+
+def _prepare(
+    rt: CoreRuntime, req: ExtractRequest, namespace: str | None
+) -> Flow[PreparedExtraction | SharedExtraction]:
     started = time.perf_counter()
     settings = rt.settings
     spec = admit_model(req.model, req.split_index)
@@ -380,6 +520,19 @@ def prepare(rt: CoreRuntime, req: ExtractRequest) -> Flow[PreparedExtraction]:
         )
     )
     plan = yield from plan_weights(rt, req.model, scheduler)
+    computation: Computation | None = None
+    if namespace is not None:
+        try:
+            shared = yield from _share(
+                rt, req, namespace, plan, request_id, scheduler.device.name, started
+            )
+        except BaseException:
+            release_model(rt, plan)
+            raise
+        if isinstance(shared, SharedExtraction):
+            release_model(rt, plan)
+            return shared
+        computation = shared
     held: list[Reservation] = []
     queued = [0.0, 0.0]  # when the request queued, how long it waited
 
@@ -401,11 +554,17 @@ def prepare(rt: CoreRuntime, req: ExtractRequest) -> Flow[PreparedExtraction]:
         held.append((yield from _reserve(rt, plan, scheduler, demand)))
         queued[1] = time.perf_counter() - queued[0]
 
+    read_etags: list[str] = []
     try:
         reading = time.perf_counter()
         images, labels, names = yield from read_named_samples(
-            rt, source_of(req, req.shard), req.model.num_classes, reserve_read
+            rt, source_of(req, req.shard), req.model.num_classes, reserve_read, read_etags
         )
+        if computation is not None and read_etags != [computation.key.shard_etag]:
+            # The shard was overwritten between this request's HEAD and its GET: its features
+            # are not those of the key the others wait for.
+            rt.features.settle(computation, None)
+            computation = None
         read_s = time.perf_counter() - reading - queued[1]
         reservation = held[0]
         # The shard's count is known now: a COS batch larger than it would hold memory idle.
@@ -415,6 +574,8 @@ def prepare(rt: CoreRuntime, req: ExtractRequest) -> Flow[PreparedExtraction]:
         for r in held:
             scheduler.release(r)
         release_model(rt, plan)
+        if computation is not None:
+            rt.features.settle(computation, None)
         raise
     return PreparedExtraction(
         request=req,
@@ -428,6 +589,7 @@ def prepare(rt: CoreRuntime, req: ExtractRequest) -> Flow[PreparedExtraction]:
         queued_s=queued[1],
         read_s=read_s,
         names=names,
+        computation=computation,
     )
 
 
@@ -436,6 +598,7 @@ def finish(rt: CoreRuntime, prep: PreparedExtraction, status: str) -> None:
     if prep.finished:
         return
     prep.finished = True
+    prep.settle_shared(rt, succeeded=False)  # no-op once the job settled it
     prep.scheduler.release(prep.reservation)
     rt.weights.release(prep.model)
     elapsed = time.perf_counter() - prep.started
@@ -454,6 +617,12 @@ def job_of(rt: CoreRuntime, prep: PreparedExtraction) -> ExtractionJob:
     """The compute of a prepared request: its head over its images at the planned COS batch."""
     prep.stream_started = True
     req = prep.request
+    encoder = FrameEncoder(dtype=req.output_dtype, compression=req.compression)
+    if prep.computation is not None:
+        prep.encoder = RecordingEncoder(
+            count=len(prep.images), dtype=req.output_dtype, compression=req.compression
+        )
+        encoder = prep.encoder
     return ExtractionJob(
         model=prep.model.model,
         split=req.split_index,
@@ -463,7 +632,7 @@ def job_of(rt: CoreRuntime, prep: PreparedExtraction) -> ExtractionJob:
         batch_size=prep.reservation.batch_size,
         device=prep.scheduler.device,
         max_pixels=rt.settings.max_image_pixels,
-        encoder=FrameEncoder(dtype=req.output_dtype, compression=req.compression),
+        encoder=encoder,
         names=prep.names,
     )
 
@@ -487,6 +656,8 @@ def conclude(
             stats.peak_bytes_per_sample * job.batch_size
         )
     rt.metrics.samples.labels("extract").inc(len(prep.images))
+    rt.metrics.extract_computations.inc()
+    rt.metrics.extract_compute_seconds.inc(stats.decode_s + stats.compute_s + stats.encode_s)
     meta = stats.as_meta(time.perf_counter() - prep.started, prep.queued_s)
     server_ms = meta["server_ms"]
     assert isinstance(server_ms, dict)

@@ -14,12 +14,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Generator
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .adaptation import DeviceScheduler
 from .solver import Demand
 
 __all__ = [
+    "Await",
     "Compute",
     "Effect",
     "Flow",
@@ -103,7 +104,26 @@ class Reserve:
     refresh: Callable[[Demand], Demand]
 
 
-Effect = Head | Get | GetMany | Compute | Reserve
+class Waitable(Protocol):
+    """Something another request settles (:class:`hapi_core.shared_features.Computation`)."""
+
+    def on_settled(self, callback: Callable[[], None]) -> Callable[[], None]: ...
+
+    def outcome(self) -> Any: ...
+
+    def timed_out(self) -> BaseException: ...
+
+
+@dataclass(frozen=True)
+class Await:
+    """Wait, holding no thread, at most ``timeout_s`` for ``waitable`` to settle; its
+    ``outcome()`` (``timed_out()`` raised past the timeout)."""
+
+    waitable: Waitable
+    timeout_s: float
+
+
+Effect = Head | Get | GetMany | Compute | Reserve | Await
 Flow = Generator[Effect, Any, T]
 
 

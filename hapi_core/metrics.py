@@ -77,6 +77,43 @@ class Metrics:
             registry=r,
         )
 
+        # The shared feature store (hapi_core.shared_features) and what it saves.
+        self.feature_store_hits = Counter(
+            "hapi_feature_store_hits", "extractions answered from the feature store", registry=r
+        )
+        self.feature_store_misses = Counter(
+            "hapi_feature_store_misses",
+            "extractions the feature store did not hold and no request was computing",
+            registry=r,
+        )
+        self.feature_store_coalesced = Counter(
+            "hapi_feature_store_coalesced",
+            "extractions that joined another request's computation of the same features",
+            registry=r,
+        )
+        self.feature_store_evictions = Counter(
+            "hapi_feature_store_evictions", "entries evicted (least recently used)", registry=r
+        )
+        self.feature_store_stored_bytes = Counter(
+            "hapi_feature_store_stored_bytes", "feature bytes written to the store", registry=r
+        )
+        self.feature_store_bytes = Gauge(
+            "hapi_feature_store_bytes", "feature bytes the store holds now", registry=r
+        )
+        self.extract_computations = Counter(
+            "hapi_extract_computations",
+            "extractions whose head ran (decode and forward), shared or not",
+            registry=r,
+        )
+        self.extract_compute_seconds = Counter(
+            "hapi_extract_compute_seconds",
+            "seconds of decode, head forward and encode of the extractions that ran",
+            registry=r,
+        )
+        self.swift_read_bytes = Counter(
+            "hapi_swift_read_bytes", "object bytes read from Swift as callers", registry=r
+        )
+
     def watch_process(self, now: Callable[[], int], peak: Callable[[], int]) -> None:
         """Report the process's resident memory ``now`` and its sampled ``peak`` at every
         scrape."""

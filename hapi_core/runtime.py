@@ -18,6 +18,7 @@ from .devices import PROCESS_MEMORY, Device, discover_devices, resident_bytes
 from .estimates import MemoryEstimator
 from .metrics import Metrics
 from .settings import CoreSettings
+from .shared_features import FeatureStore
 from .timing_cache import LayerTimes
 from .weights_cache import WeightsCache
 
@@ -36,6 +37,8 @@ class CoreRuntime:
     metrics: Metrics
     layer_times: LayerTimes = field(default_factory=LayerTimes.empty)
     """Per-layer seconds per sample measured by timing requests, per model and device."""
+    features: FeatureStore = field(default_factory=lambda: FeatureStore(0, None, None))
+    """Computed features shared between requests (off unless ``feature_store_bytes``)."""
 
     @classmethod
     def create(cls, settings: CoreSettings, timers: Timers | None = None, **extra: Any) -> Self:
@@ -82,6 +85,9 @@ class CoreRuntime:
             weights=weights,
             estimator=MemoryEstimator(),
             metrics=metrics,
+            features=FeatureStore(
+                settings.feature_store_bytes, settings.feature_store_dir, metrics
+            ),
             **extra,
         )
 

@@ -80,3 +80,17 @@ class CoreSettings(BaseModel):
     request_timeout_s: float = Field(600.0, gt=0, description="longest wait for memory before 504")
     retry_after_s: int = Field(2, ge=1, description="Retry-After of a 503 (queue full)")
     weights_cache_bytes: int = Field(2 * GiB, ge=0, description="idle weights kept loaded")
+
+    # One extraction for many jobs (hapi_core.shared_features).
+    feature_store_bytes: int = Field(
+        0,
+        ge=0,
+        description="computed features kept for other requests of the same shard, weights, "
+        "split, transform and dtype (least recently used evicted); 0: no store and no "
+        "coalescing of concurrent identical requests",
+    )
+    feature_store_dir: str | None = Field(
+        None,
+        description="keep the store's features as files in this directory instead of memory; "
+        "one that cannot be written turns the store off (logged once)",
+    )

@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 from hapi_contract import ExtractRequest, TimingsRequest, TimingsResponse
 from hapi_core import (
+    Await,
     Compute,
     Effect,
     Flow,
@@ -25,22 +27,27 @@ from hapi_core import (
     JobStats,
     PreparedExtraction,
     Reserve,
+    SharedExtraction,
     StoredObject,
-    abandon,
     conclude,
+    extract_headers,
     finish,
     job_of,
     run_async,
     run_extraction,
     stream_error,
 )
-from hapi_core import prepare as prepare_flow
+from hapi_core import abandon as abandon_prepared
+from hapi_core import prepare_extraction as prepare_flow
 from hapi_core import time_request as time_request_flow
+from hapi_core.flow import Waitable
 
 from .state import ServerState
 from .swift_io import Caller
 
-__all__ = ["ServerHost", "abandon", "prepare", "stream", "time_request"]
+__all__ = ["ServerHost", "abandon", "headers", "prepare", "stream", "time_request"]
+
+Prepared = PreparedExtraction | SharedExtraction
 
 T = TypeVar("T")
 
@@ -59,15 +66,24 @@ class ServerHost:
         match effect:
             case Head(container, obj):
                 return state.swift.head(caller, container, obj)
-            case Get(container, obj, max_bytes):
-                return state.swift.get(caller, container, obj, max_bytes=max_bytes)
+            case Get():
+                return self.get(effect)
             case GetMany():
                 return self.get_many(effect)
             case Compute(work):
                 return asyncio.get_running_loop().run_in_executor(state.executor, work)
             case Reserve(scheduler, demand, pinned, refresh):
                 return scheduler.acquire(demand, pinned_bytes=pinned, refresh=refresh)
+            case Await(waitable, timeout_s):
+                return wait_settled(waitable, timeout_s)
         raise TypeError(f"not an effect: {effect!r}")
+
+    async def get(self, effect: Get) -> StoredObject:
+        stored = await self.state.swift.get(
+            self.caller, effect.container, effect.obj, max_bytes=effect.max_bytes
+        )
+        self.state.metrics.swift_read_bytes.inc(len(stored.data))
+        return stored
 
     async def get_many(self, effect: GetMany) -> list[StoredObject]:
         """Each object as the caller, at most ``effect.concurrency`` reads in flight. At the first
@@ -79,9 +95,9 @@ class ServerHost:
 
         async def one(index: int) -> tuple[int, StoredObject]:
             obj = objs[index]
-            return index, await swift.get(
-                caller, effect.container, obj, max_bytes=effect.max_bytes_each
-            )
+            stored = await swift.get(caller, effect.container, obj, max_bytes=effect.max_bytes_each)
+            self.state.metrics.swift_read_bytes.inc(len(stored.data))
+            return index, stored
 
         results: dict[int, StoredObject] = {}
         refusal: BaseException | None = None
@@ -115,9 +131,61 @@ class ServerHost:
         return await run_async(flow, self.perform)
 
 
-async def prepare(state: ServerState, caller: Caller, req: ExtractRequest) -> PreparedExtraction:
-    """:func:`hapi_core.prepare` for ``caller``."""
-    return await ServerHost(state, caller).run(prepare_flow(state, req))
+async def wait_settled(waitable: Waitable, timeout_s: float) -> object:
+    """Wait on the loop, holding no worker thread, for another request's computation: its
+    outcome, or its ``timed_out()`` error past ``timeout_s``. Leaving (a timeout, a
+    cancellation) tells the computation this request no longer wants it."""
+    loop = asyncio.get_running_loop()
+    settled: asyncio.Future[None] = loop.create_future()
+
+    def settle() -> None:
+        if not settled.done():
+            settled.set_result(None)
+
+    def wake() -> None:
+        # Called from the thread that settles the computation.
+        loop.call_soon_threadsafe(settle)
+
+    leave = waitable.on_settled(wake)
+    try:
+        await asyncio.wait_for(settled, timeout_s)
+    except TimeoutError:
+        raise waitable.timed_out() from None
+    finally:
+        leave()
+    return waitable.outcome()
+
+
+async def prepare(state: ServerState, caller: Caller, req: ExtractRequest) -> Prepared:
+    """:func:`hapi_core.prepare_extraction` for ``caller``: features shared with other
+    requests (after the caller's own HEADs), or a request to compute."""
+    return await ServerHost(state, caller).run(prepare_flow(state, req, caller.storage_url))
+
+
+def headers(prep: Prepared) -> dict[str, str]:
+    """The headers of the extraction's 200."""
+    if isinstance(prep, SharedExtraction):
+        count = prep.features.count
+        return extract_headers(prep.request_id, prep.device, prep.batch_size, count)
+    return extract_headers(
+        prep.request_id, prep.scheduler.device.name, prep.reservation.batch_size, len(prep.images)
+    )
+
+
+def abandon(state: ServerState, prep: Prepared) -> None:
+    """Release what a response that ended before its stream started holds."""
+    if isinstance(prep, SharedExtraction):
+        _finish_shared(state, prep, "499")
+    else:
+        abandon_prepared(state, prep)
+
+
+def _finish_shared(state: ServerState, prep: SharedExtraction, status: str) -> None:
+    if not prep.finished:
+        prep.finished = True
+        elapsed = time.perf_counter() - prep.started
+        state.metrics.request_seconds.labels("extract", status).observe(elapsed)
+        state.metrics.requests.labels("extract", status).inc()
 
 
 async def time_request(state: ServerState, caller: Caller, req: TimingsRequest) -> TimingsResponse:
@@ -128,23 +196,59 @@ async def time_request(state: ServerState, caller: Caller, req: TimingsRequest) 
 _DONE = object()
 
 
-async def stream(state: ServerState, prep: PreparedExtraction) -> AsyncIterator[bytes]:
-    """Run the job in a worker thread and yield its frames as they are produced."""
+async def stream_shared(state: ServerState, prep: SharedExtraction) -> AsyncIterator[bytes]:
+    """Yield shared features re-framed at the request's own COS batch size."""
+    loop = asyncio.get_running_loop()
+    encoder, frames = prep.frames()
+    status = "499"
+    encode_s = 0.0
+    try:
+        while True:
+            t0 = time.perf_counter()
+            # Encoding (a copy, maybe zstd) off the loop, like a computed request's.
+            frame = await loop.run_in_executor(state.executor, next, frames, None)
+            encode_s += time.perf_counter() - t0
+            if frame is None:
+                break
+            state.metrics.bytes_streamed.labels("extract").inc(len(frame))
+            yield frame
+        yield encoder.end(meta=prep.end_meta(encoder, encode_s))
+        status = "200"
+    finally:
+        _finish_shared(state, prep, status)
+
+
+async def stream(state: ServerState, prep: Prepared) -> AsyncIterator[bytes]:
+    """Run the job in a worker thread and yield its frames as they are produced.
+
+    A job that leads a shared computation (:attr:`PreparedExtraction.computation`) belongs to
+    every request waiting for it: when its own client leaves, its frames are dropped and it
+    runs on while another request still wants the features."""
+    if isinstance(prep, SharedExtraction):
+        async for frame in stream_shared(state, prep):
+            yield frame
+        return
     job = job_of(state, prep)
     loop = asyncio.get_running_loop()
     frames: asyncio.Queue[object] = asyncio.Queue(maxsize=4)
-    cancelled = threading.Event()
+    client_gone = threading.Event()
+    computation = prep.computation
+    cancelled = computation.cancelled if computation is not None else client_gone
 
     def emit(frame: bytes) -> None:
+        if client_gone.is_set():
+            return  # computing for the others; nobody reads this request's frames
         future = asyncio.run_coroutine_threadsafe(frames.put(frame), loop)
         while True:
             try:
                 future.result(timeout=0.5)
                 return
             except TimeoutError:
-                if cancelled.is_set():
+                if client_gone.is_set():
                     future.cancel()
-                    raise JobCancelled() from None
+                    if cancelled.is_set():
+                        raise JobCancelled() from None
+                    return
 
     def work() -> JobStats | BaseException:
         try:
@@ -155,6 +259,10 @@ async def stream(state: ServerState, prep: PreparedExtraction) -> AsyncIterator[
             asyncio.run_coroutine_threadsafe(frames.put(_DONE), loop)
 
     future = loop.run_in_executor(state.executor, work)
+    # The waiting requests are woken as soon as the job ends, however its own client fares.
+    future.add_done_callback(
+        lambda f: prep.settle_shared(state, not f.cancelled() and isinstance(f.result(), JobStats))
+    )
     status = "200"
     try:
         while True:
@@ -175,7 +283,9 @@ async def stream(state: ServerState, prep: PreparedExtraction) -> AsyncIterator[
             return
         yield job.encoder.end(meta=conclude(state, prep, job, result))
     finally:
-        cancelled.set()
+        client_gone.set()
+        if computation is not None:
+            computation.owner_left()
 
         def done(_: object = None) -> None:
             # Drop frames nobody will read; that also unblocks the worker's last put.

@@ -10,7 +10,6 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from hapi_contract import CONTENT_TYPE_FRAMES, EXTRACT_PATH, ExtractRequest
-from hapi_core import extract_headers
 
 from .. import extraction, route_docs
 from ..deps import CallerDep, StateDep
@@ -53,10 +52,5 @@ async def extract(req: ExtractRequest, state: StateDep, caller: CallerDep) -> St
         extraction.stream(state, prep),
         on_close=lambda: extraction.abandon(state, prep),
         media_type=CONTENT_TYPE_FRAMES,
-        headers=extract_headers(
-            prep.request_id,
-            prep.scheduler.device.name,
-            prep.reservation.batch_size,
-            len(prep.images),
-        ),
+        headers=extraction.headers(prep),
     )

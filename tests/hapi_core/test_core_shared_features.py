@@ -1,0 +1,204 @@
+"""The shared feature store: its key, byte bound and LRU eviction, a failing directory,
+coalescing's ownership rules and re-framing at a request's own COS batch size (unit tests)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from hapi_contract import Compression, OutputDtype
+from hapi_contract.frames import BatchFrame, FrameDecoder, FrameEncoder
+from hapi_core.metrics import Metrics
+from hapi_core.shared_features import (
+    Computation,
+    FeatureKey,
+    FeatureStore,
+    Joined,
+    RecordingEncoder,
+    SharedFeatures,
+    reframe,
+)
+
+
+def key(shard: str = "AUTH_a/data/s0.tar", etag: str = "e1", sha: str = "f" * 64) -> FeatureKey:
+    return FeatureKey(
+        shard=shard,
+        shard_etag=etag,
+        layout="shards",
+        label_field=None,
+        num_classes=3,
+        weights="AUTH_a/models/m.safetensors",
+        weights_etag="w1",
+        sha256=sha,
+        arch="alexnet",
+        split=3,
+        transform='{"crop": 32}',
+        dtype="float16",
+    )
+
+
+def features(n: int, width: int = 8, seed: int = 0) -> SharedFeatures:
+    g = torch.Generator().manual_seed(seed)
+    return SharedFeatures(
+        torch.randn(n, width, generator=g).to(torch.float16), torch.arange(n, dtype=torch.int64)
+    )
+
+
+def stored(store: FeatureStore, k: FeatureKey) -> SharedFeatures:
+    found = store.begin(k)
+    assert isinstance(found, SharedFeatures), found
+    return found
+
+
+def test_a_miss_leads_then_a_second_request_joins_then_a_third_hits() -> None:
+    metrics = Metrics()
+    store = FeatureStore(1 << 20, None, metrics)
+    lead = store.begin(key())
+    assert isinstance(lead, Computation)
+    joined = store.begin(key())
+    assert isinstance(joined, Joined) and joined.computation is lead
+    woken: list[bool] = []
+    leave = lead.on_settled(lambda: woken.append(True))
+    store.settle(lead, features(5))
+    leave()
+    assert woken == [True]
+    assert lead.outcome() is not None
+    assert torch.equal(stored(store, key()).features, features(5).features)
+    assert metrics.feature_store_misses._value.get() == 1
+    assert metrics.feature_store_coalesced._value.get() == 1
+    assert metrics.feature_store_hits._value.get() == 1
+    assert metrics.feature_store_bytes._value.get() == features(5).nbytes
+
+
+def test_another_etag_weights_or_account_is_another_key() -> None:
+    store = FeatureStore(1 << 20, None, None)
+    lead = store.begin(key())
+    assert isinstance(lead, Computation)
+    store.settle(lead, features(5))
+    for other in (key(etag="e2"), key(sha="0" * 64), key(shard="AUTH_b/data/s0.tar")):
+        assert isinstance(store.begin(other), Computation)
+
+
+def test_bound_in_bytes_evicts_least_recently_used() -> None:
+    one = features(10).nbytes
+    metrics = Metrics()
+    store = FeatureStore(2 * one, None, metrics)
+    a, b, c = key("AUTH_a/d/a"), key("AUTH_a/d/b"), key("AUTH_a/d/c")
+    store.put(a, features(10))
+    store.put(b, features(10))
+    stored(store, a)  # a is now the most recently used: b goes first
+    store.put(c, features(10))
+    assert a in store and c in store and b not in store
+    assert store.bytes == 2 * one <= store.capacity_bytes
+    assert metrics.feature_store_evictions._value.get() == 1
+    store.put(key("AUTH_a/d/huge"), features(100))  # larger than the whole store: not kept
+    assert len(store) == 2 and store.bytes == 2 * one
+
+
+def test_failed_computation_wakes_waiters_with_nothing_and_is_not_stored() -> None:
+    store = FeatureStore(1 << 20, None, None)
+    lead = store.begin(key())
+    assert isinstance(lead, Computation)
+    woken: list[object] = []
+    lead.on_settled(lambda: woken.append(lead.outcome()))
+    store.settle(lead, None)
+    assert woken == [None]
+    assert isinstance(store.begin(key()), Computation)  # computed again, not served
+
+
+def test_computation_belongs_to_the_group() -> None:
+    alone = Computation(key())
+    alone.owner_left()
+    assert alone.cancelled.is_set()
+
+    shared = Computation(key())
+    leave = shared.on_settled(lambda: None)
+    shared.owner_left()
+    assert not shared.cancelled.is_set()  # a joined request still wants it
+    leave()
+    assert shared.cancelled.is_set()  # nobody does now
+
+
+def test_a_cancelled_computation_is_not_joined() -> None:
+    store = FeatureStore(1 << 20, None, None)
+    lead = store.begin(key())
+    assert isinstance(lead, Computation)
+    lead.owner_left()
+    assert isinstance(store.begin(key()), Computation)
+
+
+def test_directory_store_round_trips_files_and_evicts_them(tmp_path: Path) -> None:
+    one = features(4).nbytes
+    store = FeatureStore(one, tmp_path / "store", None)
+    store.put(key("AUTH_a/d/a"), features(4, seed=1))
+    assert torch.equal(stored(store, key("AUTH_a/d/a")).features, features(4, seed=1).features)
+    assert len(list((tmp_path / "store").glob("*.safetensors"))) == 1
+    store.put(key("AUTH_a/d/b"), features(4, seed=2))
+    files = list((tmp_path / "store").glob("*.safetensors"))
+    assert len(files) == 1 and files[0].name == key("AUTH_a/d/b").digest() + ".safetensors"
+
+
+def test_unwritable_directory_degrades_to_no_store_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"not a directory")
+    caplog.set_level(logging.WARNING, logger="hapi_core.shared_features")
+    store = FeatureStore(1 << 20, blocker / "store", None)
+    assert not store.enabled
+    assert store.begin(key()) is None  # the request computes alone
+    store.put(key(), features(3))
+    assert len(store) == 0
+    assert len([r for r in caplog.records if "without a feature store" in r.message]) == 1
+
+
+def test_directory_removed_later_degrades_without_raising(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    directory = tmp_path / "store"
+    store = FeatureStore(1 << 20, directory, None)
+    store.put(key("AUTH_a/d/a"), features(3))
+    for f in directory.iterdir():
+        f.unlink()
+    directory.rmdir()
+    directory.write_bytes(b"")  # a file where the directory was: every write fails
+    caplog.set_level(logging.WARNING, logger="hapi_core.shared_features")
+    store.put(key("AUTH_a/d/b"), features(3))
+    store.put(key("AUTH_a/d/c"), features(3))
+    assert not store.enabled and len(store) == 0
+    assert len([r for r in caplog.records if "without a feature store" in r.message]) == 1
+
+
+def decode(frames: list[bytes]) -> list[BatchFrame]:
+    decoder = FrameDecoder()
+    out: list[BatchFrame] = []
+    for frame in frames:
+        out += [f for f in decoder.feed(frame) if isinstance(f, BatchFrame)]
+    return out
+
+
+def test_recorded_features_are_reframed_at_each_requests_batch_size() -> None:
+    x = torch.randn(11, 4, 3)
+    labels = torch.arange(11) % 3
+    recorder = RecordingEncoder(count=11, dtype=OutputDtype.FLOAT16, compression=Compression.NONE)
+    for start in range(0, 11, 4):  # the leading request's COS batch: 4
+        recorder.batch(x[start : start + 4], labels[start : start + 4], offset=start)
+    shared = recorder.collected()
+    assert shared is not None and shared.count == 11
+    for batch_size in (1, 5, 11, 50):
+        encoder = FrameEncoder(dtype=OutputDtype.FLOAT16, compression=Compression.ZSTD)
+        frames = decode(list(reframe(encoder, shared, batch_size)))
+        assert [f.offset for f in frames] == list(range(0, 11, batch_size))
+        assert all(f.count == min(batch_size, 11 - f.offset) for f in frames)
+        got = torch.cat([f.features for f in frames])
+        assert torch.equal(got, x.to(torch.float16))
+        assert torch.cat([f.labels for f in frames]).tolist() == labels.tolist()
+
+
+def test_recording_with_a_gap_shares_nothing() -> None:
+    recorder = RecordingEncoder(count=8, dtype=OutputDtype.FLOAT32, compression=Compression.NONE)
+    recorder.batch(torch.ones(4, 2), torch.zeros(4, dtype=torch.int64), offset=0)
+    assert recorder.collected() is None  # a job that stopped early

@@ -19,12 +19,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+from hapi_models.atomic_files import atomic_write
 from safetensors import SafetensorError
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
@@ -52,27 +52,6 @@ _TENSORS = "state-{label}.safetensors"
 _TENSORS_GLOB = "state-*.safetensors"
 
 T = TypeVar("T")
-
-
-def atomic_write(
-    path: Path, data: bytes, *, prefix: str | None = None, suffix: str = ".tmp"
-) -> None:
-    """``path`` holds ``data`` or what it held before, never a part: temp file, fsync, rename.
-
-    The temporary file is ``prefix`` (default ``.NAME.``) + random + ``suffix`` in ``path``'s
-    directory, so a store that sweeps leftovers of a crash can recognise them by name.
-    """
-    prefix = f".{path.name}." if prefix is None else prefix
-    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _fsync_directory(directory: Path) -> None:

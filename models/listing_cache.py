@@ -21,10 +21,11 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from importlib import metadata, util
 from pathlib import Path
 from typing import Any
+
+from .atomic_files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -145,21 +146,7 @@ def write_entry(key: dict[str, Any], entry: dict[str, Any]) -> None:
     data = json.dumps({"key": key, "entry": entry}, sort_keys=True).encode()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(path, data)
+        # Whole or not at all: the suite's servers share the directory and read each other's.
+        atomic_write(path, data)
     except OSError as exc:
         _warn_once("unwritable", "model listing not cached in %s: %s", path.parent, exc)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    # Not hapi_client's atomic_write: the model layer imports nothing above it. Readers in other
-    # processes (the suite's servers share the directory) see the old file or the new, whole.
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

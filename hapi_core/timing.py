@@ -6,10 +6,12 @@ the threads that will run it. A timing request is admitted exactly like an extra
 (same checks, same memory planning, the caller's own shard and weights), then, instead of
 streaming, runs its first images through the layers one at a time: the decode, every layer and
 the encoding of every layer's output at the request's dtype and compression are timed, and the
-encoded sizes are what the wire would carry. Layer times are kept per (architecture, class
-count, input shape, device): the first request runs one untimed warm-up pass first; later ones
-time the layers again (they run them anyway, to size the outputs: the images, hence the
-compression ratio, differ per dataset) and the fastest time seen per layer is what is answered.
+encoded sizes are what the wire would carry. The measurements are kept per (architecture,
+class count, input shape, device, wire dtype and compression), never per weights or per caller
+(:mod:`hapi_core.timing_cache`): a later request for layers already measured, by any user, is
+answered from them after timing only its own images' decode, which takes milliseconds where
+running the head took seconds. The first request for a model on a device runs one untimed
+warm-up pass before the timed one; a request for more layers than were measured runs them all.
 """
 
 from __future__ import annotations
@@ -114,32 +116,50 @@ def time_head(
     load: int,
     names: Sequence[str] | None = None,
 ) -> TimingsResponse:
-    """Measure ``req``'s head over ``images`` (a warm-up first when ``layer_times`` knows none
-    for this model and device), refine the known layer times and answer. Blocking: the HAPI
-    server runs it in its executor, the Swift filter's in-proxy execution in its thread pool."""
+    """Answer ``req`` from ``layer_times`` where an earlier request (anyone's) timed these
+    layers on this device at this wire format: only the decode of ``images`` is timed, the
+    model does not run. Else measure the head over ``images`` (a warm-up first when no layer
+    time is known for this model and device) and keep it. Blocking: the HAPI server runs it in
+    its executor, the Swift filter's in-proxy execution in its thread pool."""
     key: TimingKey = (req.model.arch, req.model.num_classes, transform.input_shape, str(device))
-    cached = layer_times.get(key, req.split_index)
-    measured = measure_head(
-        model,
-        req.split_index,
-        images,
-        transform,
-        device,
-        FrameEncoder(dtype=req.output_dtype, compression=req.compression),
-        max_pixels,
-        warm_up=cached is None,
-        names=names,
-    )
+    dtype, compression = req.output_dtype.value, req.compression.value
+    kept = layer_times.head(key, dtype, compression, req.split_index)
+    if kept is not None:
+        start = time.perf_counter()
+        transform.decode_batch(images, max_pixels=max_pixels, names=names)
+        decode = (time.perf_counter() - start) / len(images)
+        head = kept
+    else:
+        measured = measure_head(
+            model,
+            req.split_index,
+            images,
+            transform,
+            device,
+            FrameEncoder(dtype=req.output_dtype, compression=req.compression),
+            max_pixels,
+            warm_up=layer_times.get(key, req.split_index) is None,
+            names=names,
+        )
+        decode = measured.decode_s_per_sample
+        head = layer_times.record(
+            key,
+            dtype,
+            compression,
+            measured.layer_s_per_sample,
+            measured.encode_s_per_sample,
+            measured.wire_bytes_per_sample,
+        )
     return TimingsResponse(
         arch=req.model.arch,
         device=str(device),
         samples=len(images),
-        decode_s_per_sample=measured.decode_s_per_sample,
-        layer_s_per_sample=layer_times.merge(key, measured.layer_s_per_sample),
-        encode_s_per_sample=measured.encode_s_per_sample,
-        wire_bytes_per_sample=measured.wire_bytes_per_sample,
+        decode_s_per_sample=decode,
+        layer_s_per_sample=head.layer_s,
+        encode_s_per_sample=head.encode_s,
+        wire_bytes_per_sample=head.wire_bytes,
         load=load,
-        cached=cached is not None,
+        cached=kept is not None,
     )
 
 
@@ -178,6 +198,6 @@ def time_request(rt: CoreRuntime, req: TimingsRequest) -> Flow[TimingsResponse]:
         req.split_index,
         answer.device,
         answer.samples,
-        "layer times refined" if answer.cached else "layer times measured after a warm-up",
+        "answered from the kept timings" if answer.cached else "the head measured",
     )
     return answer

@@ -66,6 +66,8 @@ class FilterConfig(BaseModel):
     # are freed instead of waiting on a reader that may never come back.
     send_timeout: Annotated[float, Field(gt=0, le=86400)] = 60.0
     weights_cache_bytes: Annotated[int, Field(ge=0)] = 1 * GiB
+    # Features computed once for identical in-proxy requests (hapi_core.shared_features).
+    feature_store_bytes: Annotated[int, Field(ge=0)] = 0
     max_object_bytes: Annotated[int, Field(ge=1024)] = 1 * GiB
     max_weights_bytes: Annotated[int, Field(ge=1024)] = 2 * GiB
     max_image_pixels: Annotated[int, Field(ge=1)] = 40_000_000
@@ -124,6 +126,7 @@ class FilterConfig(BaseModel):
             request_timeout_s=self.request_timeout,
             retry_after_s=self.retry_after,
             weights_cache_bytes=self.weights_cache_bytes,
+            feature_store_bytes=self.feature_store_bytes,
             max_object_bytes=self.max_object_bytes,
             max_weights_bytes=self.max_weights_bytes,
             max_image_pixels=self.max_image_pixels,

@@ -61,10 +61,13 @@ if TYPE_CHECKING:
         Effect,
         ExtractionJob,
         GetMany,
+        Metrics,
         PreparedExtraction,
         Reservation,
+        SharedExtraction,
         StoredObject,
     )
+    from hapi_core.flow import Waitable
     from hapi_core.solver import Demand
 
 __all__ = ["InProxyExtractor"]
@@ -109,20 +112,50 @@ def _wait_for_memory(
     return ticket.reservation
 
 
+def _wait_settled(waitable: Waitable, timeout_s: float, deadline: float) -> object:
+    """Wait on an eventlet event, holding no thread, for another request's computation (see
+    :mod:`hapi_core.shared_features`): its outcome, or its timeout error past ``timeout_s`` or
+    the request's ``deadline``. It is settled from a green thread of this hub."""
+    ready = Event()
+
+    def wake() -> None:
+        if not ready.ready():
+            ready.send(None)
+
+    leave = waitable.on_settled(wake)
+    try:
+        with eventlet.Timeout(max(0.0, min(timeout_s, deadline - time.monotonic()))):
+            ready.wait()
+    except eventlet.Timeout:
+        raise waitable.timed_out() from None
+    finally:
+        leave()
+    return waitable.outcome()
+
+
 class _ProxyHost:
     """Performs a core flow's effects for one request, as its caller (see the module doc)."""
 
     def __init__(
-        self, req: Request, hapi: HapiRequest, app: WsgiApp, deadline: float, logger: Logger
+        self,
+        req: Request,
+        hapi: HapiRequest,
+        app: WsgiApp,
+        deadline: float,
+        logger: Logger,
+        metrics: Metrics | None = None,
     ) -> None:
         self._env = req.environ
         self._account = hapi.account
+        self.account = hapi.account
+        """The caller's account: names the objects the feature store shares."""
         self._app = app
         self.deadline = deadline
         self._logger = logger
+        self._metrics = metrics
 
     def perform(self, effect: Effect) -> Any:
-        from hapi_core import Compute, Get, GetMany, Head, ObjectInfo, Reserve
+        from hapi_core import Await, Compute, Get, GetMany, Head, ObjectInfo, Reserve
 
         match effect:
             case Head(container, obj):
@@ -137,6 +170,8 @@ class _ProxyHost:
                 return tpool.execute(work)
             case Reserve(scheduler, demand, pinned, refresh):
                 return _wait_for_memory(scheduler, demand, pinned, refresh, self.deadline)
+            case Await(waitable, timeout_s):
+                return _wait_settled(waitable, timeout_s, self.deadline)
         raise TypeError(f"not an effect: {effect!r}")
 
     def _get(self, container: str, obj: str, max_bytes: int) -> StoredObject:
@@ -149,6 +184,8 @@ class _ProxyHost:
             self._env, self._app, path, what, limit=max_bytes, deadline=self.deadline
         )
         self._logger.debug("HAPI read of %s done: %d bytes", what, len(data))
+        if self._metrics is not None:
+            self._metrics.swift_read_bytes.inc(len(data))
         # Held once, as read: bytes() would copy the whole object.
         return StoredObject(data, etag)  # type: ignore[arg-type]  # bytes-like, read-only use
 
@@ -248,6 +285,10 @@ class _FrameStream:
                 self._rt.metrics.bytes_streamed.labels("extract").inc(len(frame))
                 yield from self._send(frame)
             end = job.encoder.end(meta=self._end_meta(conclude(self._rt, self._prep, job, stats)))
+            # The requests waiting for this job's features get them now. A leading job whose
+            # client leaves stops (the proxy computes only while its client reads): its waiters
+            # are then told there is nothing to share and compute their own.
+            self._prep.settle_shared(self._rt, succeeded=True)
             yield from self._send(end)
         except Exception as exc:  # noqa: BLE001 - the status line is gone: say it in a frame
             code, detail = stream_error(exc)
@@ -278,6 +319,54 @@ class _FrameStream:
                     self._send_timeout_s,
                 )
             finish(self._rt, self._prep, self._status)
+            self._release_slot()
+
+
+class _SharedFrameStream:
+    """The response body of a request served shared features (see
+    :mod:`hapi_core.shared_features`): re-framed at its own COS batch in the pool, then the
+    end frame; ``close`` counts the request and frees its slot."""
+
+    def __init__(
+        self,
+        rt: CoreRuntime,
+        shared: SharedExtraction,
+        release_slot: Callable[[], None],
+        send_timeout_s: float,
+    ) -> None:
+        self._rt = rt
+        self._shared = shared
+        self._release_slot = release_slot
+        self._send_timeout_s = send_timeout_s
+        self._status = "499"
+        self._closed = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        encoder, frames = self._shared.frames()
+        encode_s = 0.0
+        try:
+            while True:
+                t0 = time.perf_counter()
+                frame = tpool.execute(next, frames, None)
+                encode_s += time.perf_counter() - t0
+                if frame is None:
+                    break
+                self._rt.metrics.bytes_streamed.labels("extract").inc(len(frame))
+                with eventlet.Timeout(self._send_timeout_s):
+                    yield frame
+            meta = _FrameStream._end_meta(self._shared.end_meta(encoder, encode_s))
+            with eventlet.Timeout(self._send_timeout_s):
+                yield encoder.end(meta=meta)
+            self._status = "200"
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            elapsed = time.perf_counter() - self._shared.started
+            self._rt.metrics.request_seconds.labels("extract", self._status).observe(elapsed)
+            self._rt.metrics.requests.labels("extract", self._status).inc()
             self._release_slot()
 
 
@@ -322,7 +411,7 @@ class InProxyExtractor:
         check_token(req.headers.get(HEADER_AUTH_TOKEN) or req.headers.get("X-Storage-Token"))
         deadline = time.monotonic() + self.config.request_timeout
         rt = self.runtime()
-        host = _ProxyHost(req, hapi, self.app, deadline, self.logger)
+        host = _ProxyHost(req, hapi, self.app, deadline, self.logger, rt.metrics)
         request_id = str(req.environ.get("swift.trans_id") or "")
         self.logger.debug(
             "HAPI request %s asks for a slot (%d of %d busy, %d waiting)",
@@ -356,13 +445,35 @@ class InProxyExtractor:
     def _extract(
         self, req: Request, rt: CoreRuntime, host: _ProxyHost, extract: ExtractRequest
     ) -> Response:
-        from hapi_core import abandon, extract_headers, job_of, prepare, run_blocking
+        from hapi_core import (
+            SharedExtraction,
+            abandon,
+            extract_headers,
+            job_of,
+            prepare_extraction,
+            run_blocking,
+        )
 
         if extract.request_id is None:
             trans_id = req.environ.get("swift.trans_id")
             if trans_id:
                 extract = extract.model_copy(update={"request_id": str(trans_id)})
-        prep = run_blocking(prepare(rt, extract), host.perform)
+        # Shared features only after the caller's own HEADs through the pipeline (the core's).
+        prep = run_blocking(prepare_extraction(rt, extract, host.account), host.perform)
+        if isinstance(prep, SharedExtraction):
+            headers = extract_headers(
+                prep.request_id, prep.device, prep.batch_size, prep.features.count
+            )
+            headers[HEADER_EXECUTION] = Execution.IN_PROXY.value
+            req.environ["eventlet.minimum_write_chunk_size"] = 0
+            return Response(
+                status=200,
+                app_iter=_SharedFrameStream(
+                    rt, prep, self._slots.release, self.config.send_timeout
+                ),
+                content_type=CONTENT_TYPE_FRAMES,
+                headers=headers,
+            )
         try:
             job = job_of(rt, prep)
             headers = extract_headers(

@@ -3,15 +3,23 @@
 Frames are handed to ``emit`` as each COS batch finishes, so the client starts receiving while
 the server still computes. ``emit`` blocks when the client reads slowly (back-pressure) and the
 job stops between batches once ``cancelled`` is set (client gone, server shutting down).
+
+The steps overlap (issue 30): while the job's thread runs the head over COS batch k and
+encodes its frame, the host's :class:`~hapi_core.decode_pool.DecodePool` decodes batch k + 1,
+one task per image, in the order requests submit them. A job that stops (cancelled, failed,
+or its generator closed) drops its queued decode tasks and waits for its running ones, so it
+leaves nothing running behind it.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 import hapi_models
@@ -19,7 +27,9 @@ import torch
 
 from hapi_contract.frames import FrameEncoder
 
+from .decode_pool import DecodePool, DecodeTask
 from .devices import HOST_MEMORY, Device, HostMemoryProbe
+from .layout import LayoutChooser
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +55,7 @@ class BatchExecutionError(RuntimeError):
 class JobStats:
     cos_batch_sizes: list[int] = field(default_factory=list)
     decode_s: float = 0.0
+    """Time the job waited for its decode (what the overlap did not hide) and normalised."""
     compute_s: float = 0.0
     encode_s: float = 0.0
     feature_bytes: int = 0
@@ -85,6 +96,175 @@ class ExtractionJob:
     """Measures a CPU batch of a request that runs alone (the schedulers' probe)."""
     names: Sequence[str] | None = None
     """Where each image came from (its object, or its shard and key), for the decode's errors."""
+    decode_pool: DecodePool | None = None
+    """The host's decode threads (None: the job's own thread decodes, with no overlap)."""
+    decode_path: hapi_models.DecodePath = "fast"
+    layouts: LayoutChooser | None = None
+    """The host's layout choices (None: the head runs on a contiguous input)."""
+    decode_timeout_s: float = 600.0
+    """Longest wait for one image's decode (a bound, never reached by a healthy pool)."""
+    token: object = field(default_factory=object)
+    """This job's tasks in the decode pool's counts (:meth:`DecodePool.pending`)."""
+
+
+_INLINE = DecodePool(0)
+
+
+@dataclass
+class _Decoding:
+    """The decode of samples ``[start, stop)`` in flight: uint8 crops, or (PIL path) a batch."""
+
+    start: int
+    stop: int
+    tasks: list[DecodeTask[object]]
+    crops: torch.Tensor | None
+
+
+def _submit_decode(job: ExtractionJob, pool: DecodePool, token: object, start: int) -> _Decoding:
+    stop = min(len(job.images), start + job.batch_size)
+    names = job.names
+    transform, limit = job.transform, job.max_pixels
+    if job.decode_path == "pil":
+        # The previous server, kept for the roofline's comparison: the batch as one task.
+        batch_names = None if names is None else names[start:stop]
+        task = pool.submit(
+            token,
+            lambda: transform.decode_batch(
+                job.images[start:stop], max_pixels=limit, names=batch_names, path="pil"
+            ),
+        )
+        return _Decoding(start, stop, [task], None)
+    crops = torch.empty((stop - start, *transform.input_shape), dtype=torch.uint8)
+
+    def decode_one(i: int) -> object:
+        with hapi_models.named_errors(names, i):
+            crops[i - start] = transform.decode_uint8(job.images[i], max_pixels=limit)
+        return None
+
+    tasks = [pool.submit(token, functools.partial(decode_one, i)) for i in range(start, stop)]
+    return _Decoding(start, stop, tasks, crops)
+
+
+def _wait_decoded(job: ExtractionJob, decoding: _Decoding) -> torch.Tensor:
+    """The batch's decode, waited for; its first failing image raises (named)."""
+    results = [task.result(job.decode_timeout_s) for task in decoding.tasks]
+    if decoding.crops is not None:
+        return decoding.crops
+    assert isinstance(results[0], torch.Tensor)
+    return results[0]
+
+
+def iter_frames(job: ExtractionJob, stats: JobStats) -> Generator[bytes, None, None]:
+    """The job's frames, one COS batch per step, with its memory measured into ``stats``.
+
+    Each step is blocking compute: the HAPI server runs the whole loop in a worker thread
+    (:func:`run_extraction`), the Swift filter each step in the proxy's thread pool. The
+    decode of the next batch is in the pool while a step runs and after it yields.
+    """
+    head = job.model.head(job.split)
+    device = job.device.torch_device
+    key = (job.model.arch, job.split, tuple(job.transform.input_shape))
+    step = _Step(
+        head,
+        job.transform,
+        job.labels,
+        job.encoder,
+        job.batch_size,
+        device,
+        job.layouts,
+        (*key, str(device)),
+    )
+    sample_bytes = 4 * math.prod(job.transform.input_shape)  # the float32 input batch
+    pool = job.decode_pool or _INLINE
+    token = job.token
+    starts = range(0, len(job.images), job.batch_size)
+    pending = _submit_decode(job, pool, token, 0) if len(starts) else None
+    try:
+        for start in starts:
+            assert pending is not None and pending.start == start
+            current = pending
+            pending = None
+            done = current.stop - start
+            t0 = time.perf_counter()
+            try:
+                decoded = _wait_decoded(job, current)
+            except NotImplementedError:
+                raise
+            except RuntimeError as exc:
+                raise BatchExecutionError(str(exc)) from exc
+            stats.decode_s += time.perf_counter() - t0
+            if job.device.is_cuda:
+                torch.cuda.reset_peak_memory_stats(device)
+                base = torch.cuda.memory_allocated(device)
+            # One host reading per request at most: the estimator counts readings per request.
+            measured = stats.peak_bytes_per_sample is not None
+            probe_samples = 0 if job.device.is_cuda or measured else done
+            with ExitStack() as stack:
+                reading = stack.enter_context(
+                    job.host_memory.measure(key, probe_samples, done * sample_bytes, head)
+                )
+                # Inside the measured window: the next batch's decode buffers coexist with
+                # this batch's forward pass, and the planner's correction must see them.
+                if current.stop < len(job.images):
+                    pending = _submit_decode(job, pool, token, current.stop)
+                frame = step(decoded, start, stats)
+            if job.device.is_cuda:
+                peak = (torch.cuda.max_memory_allocated(device) - base) / done
+                stats.peak_bytes_per_sample = max(stats.peak_bytes_per_sample or 0.0, peak)
+            else:
+                stats.vmhwm_resets += reading.reset
+                if reading.bytes_per_sample is not None:
+                    stats.peak_bytes_per_sample = reading.bytes_per_sample
+            yield frame
+    finally:
+        if pending is not None:
+            pool.cancel(token, pending.tasks, job.decode_timeout_s)
+
+
+@dataclass(frozen=True)
+class _Step:
+    """What turns a decoded batch into a frame: the same for every batch of a job."""
+
+    head: torch.nn.Module
+    transform: hapi_models.InputTransform
+    labels: Sequence[int]
+    encoder: FrameEncoder
+    batch_size: int
+    device: torch.device
+    layouts: LayoutChooser | None
+    layout_key: tuple[object, ...]
+
+    def __call__(self, decoded: torch.Tensor, start: int, stats: JobStats) -> bytes:
+        """Normalise, run the head over, and encode one decoded batch."""
+        done = len(decoded)
+        try:
+            t0 = time.perf_counter()
+            x = decoded.to(self.device, non_blocking=True)
+            if x.dtype == torch.uint8:
+                x = self.transform.normalize(x)
+            t1 = time.perf_counter()
+            with torch.inference_mode():
+                if self.layouts is None:
+                    y = self.head(x)
+                else:
+                    y = self.layouts.forward(self.layout_key, self.head, x)
+                y = y.to("cpu").contiguous()
+            t2 = time.perf_counter()
+            label_t = torch.tensor(list(self.labels[start : start + done]), dtype=torch.int64)
+            frame = self.encoder.batch(
+                y, label_t, offset=start, meta={"cos_batch_size": self.batch_size}
+            )
+            t3 = time.perf_counter()
+        except NotImplementedError:
+            raise  # an operator the device lacks: a fault of ours, not of the device's capacity
+        except RuntimeError as exc:
+            raise BatchExecutionError(str(exc)) from exc
+        stats.decode_s += t1 - t0
+        stats.compute_s += t2 - t1
+        stats.encode_s += t3 - t2
+        stats.cos_batch_sizes.append(done)
+        stats.feature_bytes += len(frame)
+        return frame
 
 
 def run_batch(
@@ -99,90 +279,48 @@ def run_batch(
     max_pixels: int,
     stats: JobStats,
     names: Sequence[str] | None = None,
+    *,
+    decode_path: hapi_models.DecodePath = "fast",
 ) -> bytes:
-    """Decode, run the head over, and encode samples ``[start, start + batch_size)``.
+    """Decode, run the head over, and encode samples ``[start, start + batch_size)`` in the
+    caller's thread, with no overlap (one batch alone; :func:`iter_frames` pipelines a job).
 
-    The one per-batch step of both the HAPI server and the proxy filter's in-proxy execution.
     An image that does not decode is an ``ImageDecodeError`` led by its entry in ``names``.
     """
     stop = min(len(images), start + batch_size)
+    t0 = time.perf_counter()
     try:
-        t0 = time.perf_counter()
         x = transform.decode_batch(
             images[start:stop],
             max_pixels=max_pixels,
             names=None if names is None else names[start:stop],
+            path=decode_path,
         )
-        t1 = time.perf_counter()
-        with torch.inference_mode():
-            y = head(x.to(device, non_blocking=True)).to("cpu")
-        t2 = time.perf_counter()
-        label_t = torch.tensor(list(labels[start:stop]), dtype=torch.int64)
-        frame = encoder.batch(y, label_t, offset=start, meta={"cos_batch_size": batch_size})
-        t3 = time.perf_counter()
     except NotImplementedError:
-        raise  # an operator the device lacks: a fault of ours, not of the device's capacity
+        raise
     except RuntimeError as exc:
         raise BatchExecutionError(str(exc)) from exc
-    stats.decode_s += t1 - t0
-    stats.compute_s += t2 - t1
-    stats.encode_s += t3 - t2
-    stats.cos_batch_sizes.append(stop - start)
-    stats.feature_bytes += len(frame)
-    return frame
-
-
-def iter_frames(job: ExtractionJob, stats: JobStats) -> Iterator[bytes]:
-    """The job's frames, one COS batch per step, with its memory measured into ``stats``.
-
-    Each step is blocking compute: the HAPI server runs the whole loop in a worker thread
-    (:func:`run_extraction`), the Swift filter each step in the proxy's thread pool.
-    """
-    head = job.model.head(job.split)
-    device = job.device.torch_device
-    key = (job.model.arch, job.split, tuple(job.transform.input_shape))
-    sample_bytes = 4 * math.prod(job.transform.input_shape)  # the float32 input batch
-    for start in range(0, len(job.images), job.batch_size):
-        done = min(len(job.images), start + job.batch_size) - start
-        if job.device.is_cuda:
-            torch.cuda.reset_peak_memory_stats(device)
-            base = torch.cuda.memory_allocated(device)
-        # One host reading per request at most: the estimator counts readings per request.
-        measured = stats.peak_bytes_per_sample is not None
-        probe_samples = 0 if job.device.is_cuda or measured else done
-        with job.host_memory.measure(key, probe_samples, done * sample_bytes, head) as reading:
-            frame = run_batch(
-                head,
-                job.transform,
-                job.images,
-                job.labels,
-                start,
-                job.batch_size,
-                device,
-                job.encoder,
-                job.max_pixels,
-                stats,
-                job.names,
-            )
-        if job.device.is_cuda:
-            peak = (torch.cuda.max_memory_allocated(device) - base) / done
-            stats.peak_bytes_per_sample = max(stats.peak_bytes_per_sample or 0.0, peak)
-        else:
-            stats.vmhwm_resets += reading.reset
-            if reading.bytes_per_sample is not None:
-                stats.peak_bytes_per_sample = reading.bytes_per_sample
-        yield frame
+    stats.decode_s += time.perf_counter() - t0
+    step = _Step(head, transform, labels, encoder, batch_size, device, None, ())
+    return step(x, start, stats)
 
 
 def run_extraction(
     job: ExtractionJob, emit: Callable[[bytes], None], cancelled: threading.Event
 ) -> JobStats:
-    """Run ``job``, handing each frame to ``emit``; stop between batches once ``cancelled``."""
+    """Run ``job``, handing each frame to ``emit``; stop between batches once ``cancelled``.
+
+    However it stops, the job's queued decode tasks are dropped and its running ones waited
+    for before this returns or raises.
+    """
     stats = JobStats()
     frames = iter_frames(job, stats)
-    while not cancelled.is_set():
-        frame = next(frames, None)
-        if frame is None:
-            return stats
-        emit(frame)
-    raise JobCancelled()
+    try:
+        while not cancelled.is_set():
+            frame = next(frames, None)
+            if frame is None:
+                return stats
+            emit(frame)
+        raise JobCancelled()
+    finally:
+        frames.close()

@@ -634,6 +634,7 @@ def job_of(rt: CoreRuntime, prep: PreparedExtraction) -> ExtractionJob:
         max_pixels=rt.settings.max_image_pixels,
         encoder=encoder,
         names=prep.names,
+        **rt.engine_options(),
     )
 
 

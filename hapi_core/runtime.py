@@ -14,8 +14,10 @@ from typing import Any, Self
 import torch
 
 from .adaptation import DeviceScheduler, Timers
+from .decode_pool import DecodePool, available_cores, split_threads
 from .devices import PROCESS_MEMORY, Device, discover_devices, resident_bytes
 from .estimates import MemoryEstimator
+from .layout import LayoutChooser
 from .metrics import Metrics
 from .settings import CoreSettings
 from .shared_features import FeatureStore
@@ -37,6 +39,10 @@ class CoreRuntime:
     metrics: Metrics
     layer_times: LayerTimes = field(default_factory=LayerTimes.empty)
     """Per-layer seconds per sample measured by timing requests, per model and device."""
+    decode_pool: DecodePool = field(default_factory=lambda: DecodePool(0))
+    """The threads that decode every request's next COS batch (none: each job decodes)."""
+    layouts: LayoutChooser = field(default_factory=LayoutChooser)
+    """Whether each head runs faster on a channels_last input, measured once."""
     features: FeatureStore = field(default_factory=lambda: FeatureStore(0, None, None))
     """Computed features shared between requests (off unless ``feature_store_bytes``)."""
 
@@ -45,8 +51,13 @@ class CoreRuntime:
         """Discover the devices and set torch up as ``settings`` say; ``timers`` start the
         schedulers' planning rounds (default: the running asyncio loop). ``extra``: the fields
         a subclass adds."""
-        if settings.torch_threads:
-            torch.set_num_threads(settings.torch_threads)
+        # Decode and torch's intra-op threads share the cores given: oversubscribed, the
+        # head's threads and the decode's preempt each other and both slow down.
+        cores = settings.cores or available_cores()
+        decode_threads, torch_threads = split_threads(
+            cores, settings.decode_threads, settings.torch_threads
+        )
+        torch.set_num_threads(torch_threads)
         # hapi_models imports torchvision lazily (clients that never build a model skip it); a
         # host builds models and decodes images for every request, so take its ~170 MB and
         # seconds now rather than inside the first request's admitted memory and latency.
@@ -90,6 +101,14 @@ class CoreRuntime:
             ),
             **extra,
         )
+
+    def engine_options(self) -> dict[str, Any]:
+        """What every :class:`~hapi_core.engine.ExtractionJob` of this host shares."""
+        return {
+            "decode_pool": self.decode_pool,
+            "decode_path": self.settings.decode_path,
+            "layouts": self.layouts,
+        }
 
     def pick_scheduler(self) -> DeviceScheduler:
         """Spread requests evenly: the device with the fewest waiting + running requests."""

@@ -8,6 +8,8 @@ plan and refuse alike.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 __all__ = ["GiB", "MiB", "CoreSettings"]
@@ -49,7 +51,30 @@ class CoreSettings(BaseModel):
         8, ge=1, description="worker threads per device (image checks, decode and compute)"
     )
     torch_threads: int | None = Field(
-        None, ge=1, description="torch intra-op threads; default: torch's own choice"
+        None, ge=1, description="torch intra-op threads; default: the cores decode leaves"
+    )
+    cores: int | None = Field(
+        None,
+        ge=1,
+        description="cores the decode threads and torch's intra-op threads share (their sum "
+        "never exceeds it); default: the cores this process may run on (its affinity)",
+    )
+    decode_threads: int | None = Field(
+        None,
+        ge=0,
+        description="threads that decode the next COS batch of every request while the head "
+        "runs (one FIFO pool); default: half the cores; 0: each request decodes in its own "
+        "thread, with no overlap",
+    )
+    decode_path: Literal["fast", "pil"] = Field(
+        "fast",
+        description="fast: libjpeg-turbo into uint8 and batched normalisation; pil: the "
+        "previous PIL path (for the roofline benchmark's comparison)",
+    )
+    channels_last: bool = Field(
+        True,
+        description="run each head on a channels_last input where that measured faster "
+        "(once per architecture, split, input shape and device)",
     )
     allow_tf32: bool = Field(
         False,

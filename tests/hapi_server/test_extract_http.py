@@ -91,7 +91,8 @@ def test_half_precision_within_tolerance(
 
 
 def test_models_health_metrics_openapi(hapi_server: ServerProcess) -> None:
-    # The first listing traces every network's graph: tens of seconds on two cores.
+    # The session's first listing traces every network's graph (tens of seconds on two cores);
+    # every later server reads the session's listing cache (tests/conftest.py).
     models = httpx.get(f"{hapi_server.url}/v1/models", timeout=600).json()
     by_name = {m["name"]: m for m in models}
     assert (

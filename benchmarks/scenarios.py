@@ -101,6 +101,13 @@ SCENARIOS: dict[str, Scenario] = {
             "hapi_bench.scenario_in_place:run_in_place",
             True,
         ),
+        Scenario(
+            "sweep",
+            "1, 2, 4 concurrent fine-tunes of one model on one dataset and split, feature store "
+            "off and on (issue 32): wall time, server compute seconds, Swift bytes read",
+            "hapi_bench.scenario_sweep:run_sweep",
+            True,
+        ),
     )
 }
 #: The order of ``all``: the fast, stack-free ones first.
@@ -115,6 +122,7 @@ ORDER = (
     "adaptation",
     "proxy",
     "inplace",
+    "sweep",
 )
 
 

@@ -24,6 +24,7 @@ def test_bench_list_names_every_scenario(capsys: pytest.CaptureFixture[str]) -> 
         "oracle",
         "proxy",
         "inplace",
+        "sweep",
     }
     for name in names:
         assert name in out

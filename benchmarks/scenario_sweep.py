@@ -1,0 +1,188 @@
+"""``sweep``: 1, 2 and 4 concurrent fine-tunes of one backbone on one dataset and split (issue 32).
+
+A hyperparameter sweep runs k jobs that ask the HAPI server for the same features. Each job is a
+thread with its own :class:`hapi_client.HapiClient` (feature caches off), released together
+behind a barrier; per round the scenario reports each job's wall time and, from the server's
+``/metrics``, the seconds it spent decoding and running the head
+(``hapi_extract_compute_seconds``), the object bytes it read from Swift as the callers
+(``hapi_swift_read_bytes``), and the feature store's hits and coalesced requests.
+
+Two server settings: ``store off`` (every job pays the whole extraction, as before issue 32) and
+``store on`` (``feature_store_bytes``: concurrent identical requests coalesce, later ones hit the
+store). With the store on, each round starts a fresh stack, so no round is served by another's
+store; the model is loaded with an extraction at another split (another key).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import hapi_models
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from hapi_client.options import ExtractOptions, TrainOptions
+from hapi_contract import ExtractRequest, TransformSpec
+
+from .data import ensure_photos_and_models
+from .results import ResultSet
+from .runs import RunSpec, measured_finetune
+from .testbed import Testbed
+
+__all__ = ["COUNTS", "run_sweep"]
+
+ARCH = "resnet18"
+RATE_MBIT = 1000.0
+BUDGET_BYTES = 3 * 2**30
+STORE_BYTES = 512 * 2**20
+SHARD = 40
+COUNTS = (1, 2, 4)
+_METRICS = {
+    "compute_s": "hapi_extract_compute_seconds_total",
+    "swift_read_bytes": "hapi_swift_read_bytes_total",
+    "computations": "hapi_extract_computations_total",
+    "store_hits": "hapi_feature_store_hits_total",
+    "store_coalesced": "hapi_feature_store_coalesced_total",
+}
+
+
+def _scrape(url: str) -> dict[str, float]:
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    found = {k: 0.0 for k in _METRICS}
+    names = {v: k for k, v in _METRICS.items()}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in names:
+                found[names[sample.name]] += float(sample.value)
+    return found
+
+
+def _start(testbed: Testbed, store_bytes: int) -> None:
+    testbed.start_stack(
+        settings={
+            "cpu_memory_budget_bytes": BUDGET_BYTES,
+            "max_concurrent_per_device": 4,
+            "feature_store_bytes": store_bytes,
+        }
+    )
+
+
+def _load_model(testbed: Testbed, stored: Any, container: str, manifest: Any) -> None:
+    """Load the model into the server with one extraction at split 1: another key than the
+    jobs' (they split at the freeze index), so the store holds nothing they ask for."""
+    testbed.set_rate(None)
+    shard = manifest.shards[0]
+    t = hapi_models.get_spec(stored.arch).transform
+    with testbed.client() as client:
+        client.transport.extract(
+            ExtractRequest(
+                container=container,
+                shard=shard.name,
+                model=stored.ref(),
+                split_index=1,
+                transform=TransformSpec(resize=t.resize, crop=t.crop, mean=t.mean, std=t.std),
+                b_max=shard.samples,
+            ),
+            num_samples=shard.samples,
+        )
+
+
+def _round(testbed: Testbed, specs: list[RunSpec], check: Any) -> dict[str, Any]:
+    url = testbed.stack.hapi_url
+    assert url is not None
+    before = _scrape(url)
+    released: list[float] = []
+    barrier = threading.Barrier(len(specs), action=lambda: released.append(time.perf_counter()))
+    ends = [0.0] * len(specs)
+    errors: list[BaseException] = []
+
+    def job(i: int) -> None:
+        try:
+            measured_finetune(testbed, specs[i], check, barrier=barrier, rate_from_first_data=False)
+            ends[i] = time.perf_counter()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [
+        threading.Thread(target=job, args=(i,), name=f"sweep-{i}") for i in range(len(specs))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    after = _scrape(url)
+    walls = [end - released[0] for end in ends]
+    used = {k: after[k] - before[k] for k in _METRICS}
+    return {
+        "wall_s": [round(w, 3) for w in walls],
+        "slowest_wall_s": round(max(walls), 3),
+        "mean_wall_s": round(statistics.fmean(walls), 3),
+        "server_compute_s": round(used["compute_s"], 3),
+        "swift_read_bytes": int(used["swift_read_bytes"]),
+        "computations": int(used["computations"]),
+        "store_hits": int(used["store_hits"]),
+        "store_coalesced": int(used["store_coalesced"]),
+    }
+
+
+def run_sweep(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
+    """The ``sweep`` scenario on ``testbed``; writes ``sweep.json`` and ``sweep.csv``."""
+    per_class = 8 if quick else 20
+    _start(testbed, 0)
+    data, stored = ensure_photos_and_models(
+        testbed, per_class, f"bench-sweep-{per_class}x{SHARD}", SHARD, [ARCH]
+    )
+    model = stored[ARCH]
+    testbed.set_rate(RATE_MBIT)
+    check = testbed.measure_link()
+    print(f"[sweep] {data.describe()}; link {check.describe()}", flush=True)
+    results = ResultSet.start(
+        "sweep",
+        testbed=testbed.describe(),
+        quick=quick,
+        link_check=check.as_dict(),
+        model=ARCH,
+        store_bytes=STORE_BYTES,
+        dataset={"container": data.container, "samples": data.manifest.num_samples},
+        job=f"{ARCH}, 1 epoch, training batch {SHARD} (one shard a request), split at the freeze "
+        "index, client feature caches off, all jobs released together",
+    )
+    for store in ("off", "on"):
+        for n in COUNTS:
+            if store == "on" or n == COUNTS[0]:
+                _start(testbed, STORE_BYTES if store == "on" else 0)
+                _load_model(testbed, model, data.container, data.manifest)
+                testbed.set_rate(RATE_MBIT)
+            specs = [
+                RunSpec(
+                    model,
+                    "hapi",
+                    data.container,
+                    data.manifest,  # type: ignore[arg-type]
+                    RATE_MBIT,
+                    train=TrainOptions(batch_size=SHARD, seed=i),
+                    extract=ExtractOptions(split="freeze", cache_features=False),
+                    progress=False,
+                )
+                for i in range(n)
+            ]
+            row = {"store": store, "jobs": n, **_round(testbed, specs, check)}
+            results.add(row)
+            results.write(Path(out_dir))
+            print(
+                f"[sweep] store {store:3s} {n} jobs: slowest {row['slowest_wall_s']:6.2f} s, "
+                f"server compute {row['server_compute_s']:6.2f} s, Swift read "
+                f"{row['swift_read_bytes'] / 2**20:7.2f} MiB, computations {row['computations']}, "
+                f"hits {row['store_hits']}, coalesced {row['store_coalesced']}",
+                flush=True,
+            )
+    paths = results.write(Path(out_dir))
+    print("[sweep] wrote " + ", ".join(str(p) for p in paths), flush=True)
+    return 0

@@ -62,6 +62,8 @@ request_timeout             600          in_proxy: longest time from arrival to 
 send_timeout                60           in_proxy: a client that takes no frame for this long
                                          is cut off (its slot and memory freed)
 weights_cache_bytes         1 GiB        in_proxy: idle verified models kept loaded
+feature_store_bytes         0            in_proxy: features kept and shared by identical
+                                         requests, after each caller's own HEADs (0: off)
 max_object_bytes            1 GiB        in_proxy: largest shard
 max_weights_bytes           2 GiB        in_proxy: largest weights object
 max_image_pixels            40000000     in_proxy: largest image

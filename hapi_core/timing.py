@@ -81,7 +81,9 @@ def measure_head(
         layers = model.layers[:split]
         with torch.inference_mode():
             if warm_up:
-                warm = x
+                # A couple of samples warm the kernels and the allocator; a whole batch would
+                # double what a first timing costs on a CPU.
+                warm = x[:2]
                 for layer in layers:
                     warm = layer(warm)
                 del warm

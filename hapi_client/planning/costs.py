@@ -7,7 +7,8 @@ Three measurements, each made once per run:
 * the server's costs: ``POST /v1/timings`` over those images' shard, on the server's device;
 * the client's costs: the same images decoded here, the frozen layers timed one by one and the
   trainable tail's forward, backward and optimizer step, on the device that will train (kept per
-  process: the same model on the same device costs the same next time).
+  process and on local disk, :mod:`.cost_cache`: the same model on the same machine costs the
+  same next time, in this process or the next).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from hapi_contract.shard_reading import check_pin
 
 from ..errors import ConfigurationError, HapiClientError
 from ..shard_loaders import OBJECT_READ_CONCURRENCY, read_source
+from .cost_cache import KeptCosts, cost_key, read_costs, write_costs
 from .time_rule import ClientCosts, ServerCosts
 
 if TYPE_CHECKING:
@@ -53,6 +55,8 @@ status = logging.getLogger("hapi_client.status")
 #: Samples per timed batch: per-sample times at this batch are within a few percent of larger
 #: ones on a CPU, and measuring stays a fraction of a second for the usual models.
 TIMING_BATCH = 16
+#: Samples of the untimed warm-up pass.
+WARM_UP_SAMPLES = 2
 #: Images decoded to time the client's decode.
 DECODE_SAMPLES = 8
 #: A ``folder`` part's images read to time per-image reads: the read concurrency three times.
@@ -112,6 +116,27 @@ def measure_client_costs(
     decode = (time.perf_counter() - start) / len(images)
     if known is not None:
         return ClientCosts(decode, known.layer_s, known.train_s, known.step_s, known.device)
+    disk_key = cost_key(net, transform, freeze_index, device, batch)
+    kept = read_costs(disk_key)
+    if kept is not None and len(kept.layer_s) == freeze_index:
+        status.info(
+            "timings: the client's cost of layers [0, %d) of %s on %s as measured by an earlier "
+            "run on this machine",
+            freeze_index,
+            net.arch,
+            device,
+        )
+        costs = ClientCosts(decode, kept.layer_s, kept.train_s, kept.step_s, str(device))
+        _client_costs[key] = costs
+        return costs
+    status.info(
+        "timings: timing the client's layers [0, %d) of %s and its tail on %s, %d samples "
+        "(kept for later runs)",
+        freeze_index,
+        net.arch,
+        device,
+        batch,
+    )
     x = decoded.repeat((batch + len(images) - 1) // len(images), 1, 1, 1)[:batch].to(device)
     was_training = net.training
     net.eval()
@@ -119,7 +144,9 @@ def measure_client_costs(
     times: list[float] = []
     try:
         with torch.inference_mode():
-            warm = x
+            # A couple of samples warm the kernels and the allocator: a whole batch would double
+            # the seconds this costs on a CPU for no better steady state.
+            warm = x[:WARM_UP_SAMPLES]
             for layer in layers[:freeze_index]:
                 warm = layer(warm)
             del warm
@@ -153,6 +180,7 @@ def measure_client_costs(
         train, step = (t1 - t0) / batch, time.perf_counter() - t1
     costs = ClientCosts(decode, times, train, step, str(device))
     _client_costs[key] = costs
+    write_costs(disk_key, KeptCosts(times, train, step))
     return costs
 
 
@@ -246,7 +274,7 @@ def measure_pipeline_costs(
         prepared.net, prepared.transform, prepared.freeze_index, images, device
     )
     status.info(
-        "timings: the client's cost of layers [0, %d) measured on %s in %.2f s",
+        "timings: the client's cost of layers [0, %d) on %s ready in %.2f s",
         prepared.freeze_index,
         device,
         time.perf_counter() - began,
@@ -275,12 +303,18 @@ def measure_pipeline_costs(
         compression=compression,
         samples=min(TIMING_BATCH, shard.samples, b_max),
     )
+    status.info(
+        "timings: asking the server for the cost of layers [0, %d) of %s on its device",
+        freeze,
+        prepared.stored.arch,
+    )
     began = time.perf_counter()
     try:
         got = transport.timings(req)
         status.info(
-            "timings: the server's cost of layers [0, %d) measured in %.2f s",
+            "timings: the server's cost of layers [0, %d) %s in %.2f s",
             freeze,
+            "answered from its kept timings" if got.cached else "measured",
             time.perf_counter() - began,
         )
     except HapiClientError as exc:
@@ -299,5 +333,6 @@ def measure_pipeline_costs(
         got.wire_bytes_per_sample,
         got.load,
         got.device,
+        got.cached,
     )
     return PipelineCosts(client_costs, server, "", rate, sampled.objects_per_s)

@@ -77,6 +77,8 @@ class ServerCosts:
     """Bytes per sample a split after layer ``i`` ships, frames included."""
     load: int = 0
     device: str = "cpu"
+    cached: bool = False
+    """The server answered from timings kept from an earlier request, its head not run."""
 
 
 @dataclass(frozen=True)

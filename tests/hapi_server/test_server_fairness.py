@@ -99,7 +99,12 @@ def test_a_request_behind_a_head_no_release_can_place_is_served(
         lambda: queued(0.0) and metric(fair_server, "hapi_planned_memory_bytes", device="cpu") == 0,
         "all reservations to be released",
     )
+    # /metrics reports the server's resident memory, its peak sampled (VmHWM left alone).
+    rss = metric(fair_server, "hapi_process_resident_bytes")
+    peak = metric(fair_server, "hapi_process_resident_peak_bytes")
+    assert rss is not None and peak is not None and 0 < rss <= peak
     print(
         f"\nbudget {BUDGET / 2**20:.1f} MiB; L needs {L_MIN / 2**20:.1f} MiB at b_min, X holds "
-        f"{R_X / 2**20:.1f} MiB; S served {small.end.meta['server_ms']} while L waited"
+        f"{R_X / 2**20:.1f} MiB; S served {small.end.meta['server_ms']} while L waited; "
+        f"server RSS {rss / 2**20:.0f} MiB, sampled peak {peak / 2**20:.0f} MiB"
     )

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import statistics
 import threading
+import time
 
 from .errors import ConfigurationError
 
-__all__ = ["BandwidthEstimator"]
+__all__ = ["BandwidthEstimator", "StreamClock"]
+
+#: A pause between two chunks of a stream longer than this many typical ones, and than
+#: ``IDLE_GAP_S``, is the sender having nothing to send (a server computing its next batch),
+#: not the link carrying bytes.
+IDLE_GAP_FACTOR = 8.0
+IDLE_GAP_S = 0.02
 
 
 class BandwidthEstimator:
@@ -62,3 +70,40 @@ class BandwidthEstimator:
         """Whether the estimate moved more than ``tolerance`` (relative) from ``reference``."""
         current = self.bytes_per_s
         return current is not None and abs(current - reference) > tolerance * reference
+
+
+class StreamClock:
+    """Times one streamed response as the link carried it, for :meth:`BandwidthEstimator.observe`.
+
+    An extraction response is a burst of frames per COS batch, with the server computing in
+    between: timed from its first byte to its last, it measures the server, not the link (a
+    ConvNeXt head shipping a few megabytes over a gigabit link read as a few Mbit/s). So each
+    pause between chunks much longer than the stream's typical one (:data:`IDLE_GAP_FACTOR`,
+    at least :data:`IDLE_GAP_S`) is left out, with the chunk that ended it (its bytes may have
+    waited in a buffer); what remains is the bytes the link carried and the time it took.
+    """
+
+    def __init__(self) -> None:
+        self._last: float | None = None
+        self._gaps: list[tuple[float, int]] = []
+
+    def chunk(self, nbytes: int, now: float | None = None) -> None:
+        """Count a chunk of ``nbytes`` that arrived at ``now`` (default: the clock)."""
+        t = time.perf_counter() if now is None else now
+        if self._last is not None:
+            self._gaps.append((t - self._last, nbytes))
+        self._last = t
+
+    def carried(self) -> tuple[int, float]:
+        """The bytes the link carried and the seconds it took, idle pauses left out. The first
+        chunk is not counted: the time before it is the request's and the sender's."""
+        if not self._gaps:
+            return 0, 0.0
+        typical = statistics.median(g for g, _ in self._gaps)
+        limit = max(IDLE_GAP_S, IDLE_GAP_FACTOR * typical)
+        busy = [(g, n) for g, n in self._gaps if g <= limit]
+        return sum(n for _, n in busy), sum(g for g, _ in busy)
+
+    def report(self, estimator: BandwidthEstimator | None) -> None:
+        if estimator is not None:
+            estimator.observe(*self.carried())

@@ -34,7 +34,7 @@ from hapi_contract import (
 )
 from hapi_contract.frames import BatchFrame, EndFrame, FrameDecoder
 
-from .bandwidth import BandwidthEstimator
+from .bandwidth import BandwidthEstimator, StreamClock
 from .errors import ConfigurationError, DeliveryError, ServerError, ServerUnavailableError
 from .retry import Outage, RetryClock, RetryPolicy, failure_kind
 from .swift_session import SwiftSession
@@ -281,24 +281,21 @@ class HapiTransport:
         decoder = FrameDecoder()
         frames: list[BatchFrame] = []
         start = time.perf_counter()
-        first: float | None = None
         wire = 0
+        link = StreamClock()  # the link's time only, not the server's between its batches
         with self._http.stream("POST", url, json=body, headers=headers) as resp:
             if resp.status_code != 200:
                 resp.read()
                 return resp
-            first_len = 0
             for chunk in resp.iter_bytes():
                 if self.throttle is not None:
                     self.throttle.consume(len(chunk))
-                if first is None:
-                    first, first_len = time.perf_counter(), len(chunk)
+                link.chunk(len(chunk))
                 wire += len(chunk)
                 frames += [f for f in decoder.feed(chunk) if isinstance(f, BatchFrame)]
         end = decoder.close()
         done = time.perf_counter()
-        if self.bandwidth is not None and first is not None:
-            self.bandwidth.observe(wire - first_len, done - first)
+        link.report(self.bandwidth)
         frames.sort(key=lambda f: f.offset)
         expected = 0
         for f in frames:

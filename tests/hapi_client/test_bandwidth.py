@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from hapi_client.bandwidth import BandwidthEstimator
+from hapi_client.bandwidth import BandwidthEstimator, StreamClock
 from hapi_client.errors import ConfigurationError
 
 
@@ -75,3 +75,36 @@ def test_concurrent_observations_count_every_byte() -> None:
 def test_bad_arguments(kwargs: dict[str, float]) -> None:
     with pytest.raises(ConfigurationError):
         BandwidthEstimator(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_streams_idle_pauses_are_not_the_links_time() -> None:
+    """Two bursts of ten 64 kB chunks 1 ms apart (64 MB/s) with a 2 s pause between them (the
+    server computing its next batch): the link's rate, not the stream's average."""
+    clock = StreamClock()
+    t = 0.0
+    for burst in range(2):
+        t += 2.0 if burst else 0.0  # the server's compute before the second burst
+        for _ in range(10):
+            clock.chunk(65_536, now=t)
+            t += 0.001
+    nbytes, seconds = clock.carried()
+    assert nbytes == 18 * 65_536 and seconds == pytest.approx(0.018)
+    est = BandwidthEstimator(min_bytes=1)
+    clock.report(est)
+    assert est.bytes_per_s == pytest.approx(65_536 / 0.001)
+
+
+def test_a_slow_steady_stream_keeps_all_its_time() -> None:
+    """At 5 Mbit/s every 64 kB chunk takes about 0.1 s: those are the link's, none is idle."""
+    clock = StreamClock()
+    for i in range(1, 6):
+        clock.chunk(65_536, now=i * 0.105)
+    assert clock.carried() == (4 * 65_536, pytest.approx(4 * 0.105))
+
+
+def test_a_stream_of_one_chunk_tells_nothing() -> None:
+    clock = StreamClock()
+    clock.chunk(100)
+    est = BandwidthEstimator(min_bytes=1)
+    clock.report(est)
+    assert clock.carried() == (0, 0.0) and est.bytes_per_s is None

@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from hapi_contract import Compression, DatasetManifest, OutputDtype, ShardSource, wire_itemsize
+from hapi_contract import (
+    Compression,
+    DatasetLayout,
+    DatasetManifest,
+    OutputDtype,
+    ShardSource,
+    wire_itemsize,
+)
 
 from ..errors import ConfigurationError
 from .costs import PipelineCosts, measure_pipeline_costs
@@ -182,7 +189,14 @@ def plan_split(
                 bandwidth = measured.probed_bytes_per_s
             else:
                 first = ShardSource.of(manifest, container, 0)
-                probed = client.swift.probe(first.container, first.shard)
+                # A folder part is a small list of names: reading it times the request, not
+                # the link. The model's weights are a large object on the same link.
+                target = (
+                    (prepared.stored.container, prepared.stored.object)
+                    if first.layout is DatasetLayout.FOLDER
+                    else (first.container, first.shard)
+                )
+                probed = client.swift.probe(*target)
                 bandwidth = client.bandwidth.bytes_per_s or probed
         decision = decide_split(
             prof,

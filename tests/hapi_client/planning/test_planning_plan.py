@@ -33,6 +33,7 @@ class _Swift:
 
     def probe(self, container: str, name: str) -> float:
         self.probes += 1
+        self.probed = (container, name)
         self.bandwidth.observe(1000, 1000 / RATE)
         return RATE
 
@@ -76,6 +77,24 @@ def test_without_an_estimate_one_probe_counts_even_when_too_short_to_move_it(
     assert client.swift.probes == 1
     assert plan.decision.rule == "thesis"
     assert plan.decision.budget_bytes == pytest.approx(RATE)  # ...its own rate decided
+
+
+def test_a_folder_datasets_probe_reads_the_models_weights_not_its_part(prepared: Any) -> None:
+    """A folder part is a small list of image names: the link is probed on the weights."""
+    manifest = SimpleNamespace(
+        mean_shard_bytes_per_sample=12_000,
+        shards=[SimpleNamespace(name="hapi-index/part-000000.jsonl", etag=None)],
+        layout=DatasetLayout.FOLDER,
+        data_container="images",
+    )
+    stored = SimpleNamespace(container="models", object="alexnet.safetensors")
+    folder = SimpleNamespace(
+        profile=prepared.profile, manifest=manifest, freeze_index=FREEZE, stored=stored
+    )
+    client = _client()
+    plan = _plan(client, folder, "thesis")
+    assert client.swift.probed == ("models", "alexnet.safetensors")
+    assert plan.decision.budget_bytes == pytest.approx(RATE)
 
 
 def test_auto_uses_the_rate_of_the_costs_read_before_probing(prepared: Any) -> None:

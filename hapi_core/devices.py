@@ -259,6 +259,33 @@ def _glibc_mallinfo2() -> Callable[[], int] | None:
     return in_use
 
 
+def _glibc_free_heap() -> Callable[[], int] | None:
+    """The bytes glibc's malloc holds free in its arenas for reuse (``mallinfo2().fordblks``);
+    None off glibc >= 2.33."""
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    fn.argtypes = []
+    return lambda: int(fn().fordblks)
+
+
+_FREE_HEAP = _glibc_free_heap()
+
+
+def resident_in_use_bytes(
+    rss: Callable[[], int] = resident_bytes,
+    free_heap: Callable[[], int] | None = _FREE_HEAP,
+) -> int:
+    """This process's resident bytes less what malloc holds free for reuse: memory a new
+    allocation cannot take without the resident memory growing. Freed blocks that glibc keeps
+    (it rarely gives its heap back) stay resident but serve the next request, so counting them
+    as occupied would refuse requests that fit."""
+    free = free_heap() if free_heap is not None else 0
+    return max(0, rss() - free)
+
+
 def _read_status() -> dict[str, int]:
     """``VmRSS`` now and the highest ``VmRSS`` sampled since :func:`_reset_peak`, in bytes (the
     names ``/proc/self/status`` gives them, whose ``VmHWM`` is left alone)."""

@@ -15,7 +15,13 @@ import torch
 
 from .adaptation import DeviceScheduler, Timers
 from .decode_pool import DecodePool, available_cores, split_threads
-from .devices import PROCESS_MEMORY, Device, discover_devices, resident_bytes
+from .devices import (
+    PROCESS_MEMORY,
+    Device,
+    discover_devices,
+    resident_bytes,
+    resident_in_use_bytes,
+)
 from .estimates import MemoryEstimator
 from .layout import LayoutChooser
 from .metrics import Metrics
@@ -83,7 +89,7 @@ class CoreRuntime:
             sched.resident_weights = weights.resident_bytes
             sched.evict_idle = weights.evict_idle
             if not device.is_cuda and settings.count_process_memory:
-                sched.process_memory = resident_bytes
+                sched.process_memory = resident_in_use_bytes
             schedulers[device.name] = sched
         log.info(
             "HAPI devices: %s",

@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from hapi_core.devices import HostMemoryProbe, ResidentSampler, resident_bytes
+from hapi_core.devices import (
+    HostMemoryProbe,
+    ResidentSampler,
+    resident_bytes,
+    resident_in_use_bytes,
+)
 from hapi_core.metrics import Metrics
 
 MiB = 2**20
@@ -81,3 +86,10 @@ def test_metrics_report_the_sampled_resident_memory() -> None:
     registry = metrics.registry
     assert registry.get_sample_value("hapi_process_resident_bytes") == 500 * MiB
     assert registry.get_sample_value("hapi_process_resident_peak_bytes") == 900 * MiB
+
+
+def test_memory_malloc_holds_free_for_reuse_is_not_counted_as_in_use() -> None:
+    # 900 MiB resident, 600 of them freed blocks glibc keeps: the next request reuses those.
+    assert resident_in_use_bytes(lambda: 900 * MiB, lambda: 600 * MiB) == 300 * MiB
+    assert resident_in_use_bytes(lambda: 900 * MiB, None) == 900 * MiB  # not glibc: all of it
+    assert resident_in_use_bytes(lambda: 0, lambda: 5 * MiB) == 0  # no /proc

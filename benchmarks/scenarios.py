@@ -77,6 +77,14 @@ SCENARIOS: dict[str, Scenario] = {
             True,
         ),
         Scenario(
+            "jobsplit",
+            "the split rule on folder datasets indexed in place (12 KB and 110 KB JPEGs) and on "
+            "shards, a 3-epoch cached job: auto, freeze, BASELINE and nearby splits' job time "
+            "over the best measured (issue 31)",
+            "hapi_bench.scenario_job_split:run_job_split",
+            True,
+        ),
+        Scenario(
             "tenants",
             "1..10 simultaneous jobs, HAPI vs ALL_IN_COS (Fig 5.11)",
             "hapi_bench.scenario_tenants:run_tenants",
@@ -118,6 +126,7 @@ ORDER = (
     "backbones",
     "e2e",
     "oracle",
+    "jobsplit",
     "tenants",
     "adaptation",
     "proxy",

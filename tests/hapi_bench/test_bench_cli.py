@@ -22,6 +22,7 @@ def test_bench_list_names_every_scenario(capsys: pytest.CaptureFixture[str]) -> 
         "startup",
         "backbones",
         "oracle",
+        "jobsplit",
         "proxy",
         "inplace",
         "sweep",

@@ -14,6 +14,7 @@ from typing import Any, cast
 import pytest
 
 from hapi_core import ForbiddenError, GetMany, StoredObject
+from hapi_core.metrics import Metrics
 from hapi_server.extraction import ServerHost
 from hapi_server.state import ServerState
 from hapi_server.swift_io import Caller
@@ -49,7 +50,8 @@ class FakeReader:
 
 
 def _host(reader: FakeReader) -> ServerHost:
-    return ServerHost(cast(ServerState, SimpleNamespace(swift=reader)), CALLER)
+    state = SimpleNamespace(swift=reader, metrics=Metrics())
+    return ServerHost(cast(ServerState, state), CALLER)
 
 
 def test_reads_are_the_callers_in_order_and_at_most_concurrency_at_once() -> None:

@@ -110,6 +110,14 @@ SCENARIOS: dict[str, Scenario] = {
             True,
         ),
         Scenario(
+            "roofline",
+            "the server's images/s against its ceilings (decode per core x cores, the head at "
+            "the COS batch, the Swift read) and the new decode/layout path against the old one "
+            "(issue 30)",
+            "hapi_bench.scenario_roofline:run_roofline",
+            True,
+        ),
+        Scenario(
             "sweep",
             "1, 2, 4 concurrent fine-tunes of one model on one dataset and split, feature store "
             "off and on (issue 32): wall time, server compute seconds, Swift bytes read",
@@ -132,6 +140,7 @@ ORDER = (
     "proxy",
     "inplace",
     "sweep",
+    "roofline",
 )
 
 

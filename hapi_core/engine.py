@@ -134,6 +134,16 @@ def _submit_decode(job: ExtractionJob, pool: DecodePool, token: object, start: i
             ),
         )
         return _Decoding(start, stop, [task], None)
+    if job.device.is_cuda:
+        # nvJPEG takes the batch in one call; the pool's thread waits on the GPU meanwhile.
+        device, batch_names = job.device.torch_device, None if names is None else names[start:stop]
+        task = pool.submit(
+            token,
+            lambda: transform.decode_batch_cuda(
+                job.images[start:stop], device, max_pixels=limit, names=batch_names
+            ),
+        )
+        return _Decoding(start, stop, [task], None)
     crops = torch.empty((stop - start, *transform.input_shape), dtype=torch.uint8)
 
     def decode_one(i: int) -> object:

@@ -26,6 +26,7 @@ def test_bench_list_names_every_scenario(capsys: pytest.CaptureFixture[str]) -> 
         "proxy",
         "inplace",
         "sweep",
+        "roofline",
     }
     for name in names:
         assert name in out

@@ -58,6 +58,9 @@ class FilterConfig(BaseModel):
     max_concurrent: Annotated[int, Field(ge=1, le=1024)] = 2
     memory_budget_bytes: Annotated[int, Field(ge=16 * MiB)] = 2 * GiB
     framework_reserve_bytes: Annotated[int, Field(ge=0)] = 256 * MiB
+    # On a CPU, the proxy's resident memory beyond the planned requests counts as occupied:
+    # what earlier requests left behind (the proxy's own, malloc's) is not the budget's to give.
+    count_process_memory: bool = True
     gpu_memory_limit_bytes: Annotated[int, Field(ge=16 * MiB)] | None = None
     b_min: Annotated[int, Field(ge=1)] = 25
     queue_limit: Annotated[int, Field(ge=1)] = 64
@@ -119,6 +122,7 @@ class FilterConfig(BaseModel):
             cpu_memory_budget_bytes=self.memory_budget_bytes,
             gpu_memory_limit_bytes=self.gpu_memory_limit_bytes,
             framework_reserve_bytes=self.framework_reserve_bytes,
+            count_process_memory=self.count_process_memory,
             max_concurrent_per_device=self.max_concurrent,
             torch_threads=self.torch_threads,
             b_min=self.b_min,

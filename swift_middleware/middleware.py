@@ -53,6 +53,9 @@ max_concurrent              2            in_proxy: extractions running at once (
 memory_budget_bytes         2 GiB        in_proxy: memory the extractions may plan on the CPU
                                          (a GPU's total comes from NVML)
 framework_reserve_bytes     256 MiB      in_proxy: memory per device never planned
+count_process_memory        true         in_proxy: on a CPU, the proxy's resident memory
+                                         beyond the planned requests counts against the
+                                         budget (false: plan the budget alone)
 gpu_memory_limit_bytes      (none)       in_proxy: cap a GPU's usable memory
 b_min                       25           in_proxy: smallest COS batch the adaptation hands out
 queue_limit                 64           in_proxy: requests waiting for a slot, and for memory,

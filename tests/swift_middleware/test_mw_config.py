@@ -43,6 +43,15 @@ def test_in_proxy_needs_no_servers() -> None:
     assert (config.device, config.torch_threads) == ("cuda:1", 3)
 
 
+def test_count_process_memory_defaults_on_and_reaches_the_core() -> None:
+    """The proxy's own resident memory counts against the budget unless the option says not."""
+    default = FilterConfig.from_conf({"execution": "in_proxy"})
+    assert default.count_process_memory is True
+    assert default.core_settings().count_process_memory is True
+    off = FilterConfig.from_conf({"execution": "in_proxy", "count_process_memory": "false"})
+    assert off.core_settings().count_process_memory is False
+
+
 @pytest.mark.parametrize(
     ("conf", "message"),
     [

@@ -10,7 +10,7 @@ behind a barrier; per round the scenario reports each job's wall time and, from 
 Two server settings: ``store off`` (every job pays the whole extraction, as before issue 32) and
 ``store on`` (``feature_store_bytes``: concurrent identical requests coalesce, later ones hit the
 store). With the store on, each round starts a fresh stack, so no round is served by another's
-store; the model is loaded with an extraction at another split (another key).
+store; each stack is warmed with one float32 extraction at the jobs' split (another key).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from hapi_client.options import ExtractOptions, TrainOptions
-from hapi_contract import ExtractRequest, TransformSpec
+from hapi_contract import ExtractRequest, OutputDtype, TransformSpec
 
 from .data import ensure_photos_and_models
 from .results import ResultSet
@@ -72,18 +72,21 @@ def _start(testbed: Testbed, store_bytes: int) -> None:
 
 
 def _load_model(testbed: Testbed, stored: Any, container: str, manifest: Any) -> None:
-    """Load the model into the server with one extraction at split 1: another key than the
-    jobs' (they split at the freeze index), so the store holds nothing they ask for."""
+    """Warm the server with one extraction at the jobs' split (the model loaded, the head's
+    layout chosen) in float32: another key than the jobs' (their wire dtype is the default
+    bfloat16), so the store holds nothing they ask for."""
     testbed.set_rate(None)
     shard = manifest.shards[0]
-    t = hapi_models.get_spec(stored.arch).transform
+    spec = hapi_models.get_spec(stored.arch)
+    t = spec.transform
     with testbed.client() as client:
         client.transport.extract(
             ExtractRequest(
                 container=container,
                 shard=shard.name,
                 model=stored.ref(),
-                split_index=1,
+                split_index=spec.default_freeze_index,
+                output_dtype=OutputDtype.FLOAT32,
                 transform=TransformSpec(resize=t.resize, crop=t.crop, mean=t.mean, std=t.std),
                 b_max=shard.samples,
             ),

@@ -2,7 +2,9 @@
 
 The server, the client and the Swift proxy filter import this package and nothing of each
 other. Its top level needs the standard library and pydantic only; the two parts that compute
-with tensors are submodules, imported explicitly by who needs them (and they import torch):
+with tensors are submodules, imported explicitly by who needs them. Neither imports torch at
+import time (only the functions that make or read a tensor do), so no part of the contract
+loads torch by being imported:
 
 * :mod:`hapi_contract.frames`: the framed tensor stream codec (the layout: ``docs/frames.md``);
 * :mod:`hapi_contract.epochs`: the order in which an epoch visits samples.

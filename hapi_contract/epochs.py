@@ -3,15 +3,17 @@
 Shards are visited in an order shuffled per epoch from the seed; the samples of a shard are
 permuted from ``(seed, epoch, shard)``; consecutive samples form the training batches.
 
-The permutations are torch's (``torch.randperm``), so that every mode draws the same ones: this
-module imports torch and is not part of the contract's top level; import it explicitly.
+The permutations are torch's (``torch.randperm``), so that every mode draws the same ones.
+Torch is imported inside the functions that draw them: importing this module loads none.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["EpochPlan", "plan_epoch"]
 
@@ -25,6 +27,8 @@ class EpochPlan:
     shard_order: tuple[int, ...]
 
     def permutation(self, shard: int, n: int) -> torch.Tensor:
+        import torch
+
         g = torch.Generator().manual_seed(
             (self.seed * 1_000_003 + self.epoch * 7_919 + shard) & _MASK
         )
@@ -41,5 +45,7 @@ class EpochPlan:
 def plan_epoch(num_shards: int, seed: int, epoch: int, shuffle: bool = True) -> EpochPlan:
     if not shuffle:
         return EpochPlan(seed, epoch, tuple(range(num_shards)))
+    import torch
+
     g = torch.Generator().manual_seed((seed * 1_000_003 + epoch) & _MASK)
     return EpochPlan(seed, epoch, tuple(torch.randperm(num_shards, generator=g).tolist()))

@@ -9,8 +9,10 @@ header (``kind`` ``batch``, ``end`` or ``error``) and, for a batch, the feature 
 worked example that the tests decode, is ``docs/frames.md``.
 
 Unknown header keys, kinds, dtypes and codecs are errors, not extensions: a change of format
-gets a new version byte. Nothing here ever unpickles. This module imports torch, numpy and
-zstandard, so it is not part of the contract's top level: import ``hapi_contract.frames``.
+gets a new version byte. Nothing here ever unpickles. This module imports numpy and zstandard,
+so it is not part of the contract's top level: import ``hapi_contract.frames``. Torch is
+imported inside the functions that build or read tensors, so that importing the codec (the
+Swift proxy filter does, at start) loads no torch.
 """
 
 from __future__ import annotations
@@ -23,10 +25,9 @@ import threading
 import zlib
 from collections.abc import AsyncIterable, AsyncIterator, Generator, Iterable
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
-import torch
 import zstandard
 from pydantic import (
     BaseModel,
@@ -47,6 +48,9 @@ from .errors import (
     TruncatedStreamError,
 )
 from .requests import Compression, OutputDtype
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "DEFAULT_MAX_HEADER_BYTES",
@@ -75,11 +79,6 @@ _PREFIX_LEN = _PREFIX.size  # 9
 _MAX_DIMS = 8
 _U32 = 2**32 - 1
 
-_TORCH_DTYPES: dict[OutputDtype, torch.dtype] = {
-    OutputDtype.FLOAT32: torch.float32,
-    OutputDtype.FLOAT16: torch.float16,
-    OutputDtype.BFLOAT16: torch.bfloat16,
-}
 _ITEMSIZE: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2}
 _LABEL_ITEMSIZE = 8
 _LITTLE_ENDIAN_HOST = sys.byteorder == "little"
@@ -236,8 +235,12 @@ def _little_endian(array: np.ndarray) -> np.ndarray:
 
 
 def _feature_array(features: torch.Tensor, dtype: OutputDtype) -> np.ndarray:
+    import torch  # the caller holds a tensor, so torch is loaded already: a dict lookup
+
+    # The wire dtypes' names are torch's (float32, float16, bfloat16).
+    torch_dtype: torch.dtype = getattr(torch, dtype.value)
     # Cast where the tensor lives (halves a GPU->CPU copy for 16-bit output), then copy to host.
-    wire = features.detach().to(dtype=_TORCH_DTYPES[dtype]).cpu().contiguous()
+    wire = features.detach().to(dtype=torch_dtype).cpu().contiguous()
     if dtype is OutputDtype.BFLOAT16:
         wire = wire.view(torch.int16)
     return _little_endian(wire.numpy())
@@ -269,6 +272,8 @@ def _encode_batch(
     meta: dict[str, Any] | None,
     zstd_level: int,
 ) -> tuple[bytes, int, int]:
+    import torch
+
     dtype, compression = OutputDtype(dtype), Compression(compression)
     if not features.is_floating_point():
         raise TypeError(f"features must be a floating tensor, got {features.dtype}")
@@ -429,6 +434,8 @@ def _decompress_into(wire: np.ndarray, nbytes: int) -> np.ndarray:
 
 def _tensor(buffer: np.ndarray, dtype: str, shape: list[int]) -> torch.Tensor:
     """View a fresh, aligned uint8 buffer as a tensor of the wire ``dtype`` (no copy)."""
+    import torch  # here, not at the top: a decoder's first frame loads it, its import does not
+
     wire = np.dtype("<i2") if dtype == "bfloat16" else np.dtype(dtype).newbyteorder("<")
     array = buffer.view(wire)
     if not _LITTLE_ENDIAN_HOST:  # pragma: no cover - big-endian hosts

@@ -7,16 +7,13 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from hapi_contract import DEFAULT_COMPRESSION, DEFAULT_OUTPUT_DTYPE
 
 from . import workers
 from .choices import DEFAULT_AUTH_URL, DEFAULT_ENDPOINT, DEFAULT_RETRY_BUDGET_S, MODES
+from .finetune_options import options_from_args
 from .tables import format_table
-
-if TYPE_CHECKING:
-    from hapi_client.options import ExtractOptions, TrainOptions
 
 # hapi_client and hapi_models load torch, so _run imports them; their errors (HapiClientError,
 # HapiModelError) count as user errors by their package (see main).
@@ -32,36 +29,6 @@ def _split(value: str) -> int | str:
         raise argparse.ArgumentTypeError(
             "--split is 'auto', 'thesis', 'freeze' or a layer index"
         ) from None
-
-
-# Option field -> argparse dest of `hapi finetune`'s flag for it.
-_TRAIN_FLAGS = {
-    name: name
-    for name in ("batch_size", "epochs", "optimizer", "lr", "momentum", "weight_decay", "seed")
-}
-_EXTRACT_FLAGS = {
-    "split": "split",
-    "freeze_index": "freeze_index",
-    "image_size": "image_size",
-    "output_dtype": "dtype",
-    "compression": "compression",
-}
-
-
-def options_from_args(args: argparse.Namespace) -> tuple[TrainOptions, ExtractOptions]:
-    """The shared option objects that ``hapi finetune``'s arguments describe (one or several
-    workers alike). A flag absent from ``args`` (a namespace a library caller built) or left at
-    None takes the option's own default."""
-    from hapi_client.options import ExtractOptions, TrainOptions
-
-    def given(flags: dict[str, str]) -> dict[str, Any]:
-        values = {field: getattr(args, dest, None) for field, dest in flags.items()}
-        return {field: value for field, value in values.items() if value is not None}
-
-    extract = given(_EXTRACT_FLAGS)
-    if getattr(args, "no_cache", False):
-        extract["cache_features"] = False
-    return TrainOptions(**given(_TRAIN_FLAGS)), ExtractOptions(**extract)
 
 
 class _StatusFormatter(logging.Formatter):

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from hapi_client.robust.names import AGGREGATORS, ATTACKS
 
 from .choices import DEFAULT_AUTH_URL, DEFAULT_ENDPOINT
+from .finetune_options import options_from_args
 from .tables import format_table
 
 if TYPE_CHECKING:
@@ -162,11 +163,9 @@ def _opt(args: argparse.Namespace, name: str, default: Any = None) -> Any:
 
 def config_from_args(args: argparse.Namespace) -> DistributedConfig:
     """The :class:`DistributedConfig` that ``hapi finetune`` arguments describe: the shared
-    fine-tuning flags through :func:`~hapi_cli.finetune_cmd.options_from_args`, the
+    fine-tuning flags through :func:`~hapi_cli.finetune_options.options_from_args`, the
     multi-worker ones here. A flag absent from ``args`` takes its default."""
     from hapi_client.distributed import DistributedConfig, DistributedConfigError
-
-    from .finetune_cmd import options_from_args  # finetune_cmd imports this module
 
     workers = int(_opt(args, "workers", 1))
     attackers = int(_opt(args, "attackers", 0))

@@ -12,7 +12,7 @@ import hapi_models
 
 from hapi_client import FinetuneResult, RetryPolicy, StoredModel
 from hapi_client.options import ExtractOptions, TrainOptions
-from hapi_contract import DatasetManifest, ExtractRequest, TransformSpec
+from hapi_contract import DatasetManifest, ExtractRequest, ShardSource, TransformSpec
 
 from .data import MODELS_CONTAINER
 from .errors import BenchError
@@ -58,14 +58,19 @@ def warm_server(
     """
     testbed.set_rate(None)
     shard = manifest.shards[0]
+    source = ShardSource.of(manifest, container, 0)  # any layout: shards, folder, webdataset
     with testbed.client(via=via) as client:
         for stored in models:
             spec = hapi_models.get_spec(stored.arch)
             t = spec.transform
             client.transport.extract(
                 ExtractRequest(
-                    container=container,
-                    shard=shard.name,
+                    container=source.container,
+                    shard=source.shard,
+                    etag=source.etag,
+                    layout=source.layout,
+                    data_container=source.data_container,
+                    label_field=source.label_field,
                     model=stored.ref(),
                     split_index=spec.default_freeze_index,
                     transform=TransformSpec(resize=t.resize, crop=t.crop, mean=t.mean, std=t.std),

@@ -4,7 +4,8 @@ A hyperparameter sweep runs k jobs that ask the HAPI server for the same feature
 thread with its own :class:`hapi_client.HapiClient` (feature caches off), released together
 behind a barrier; per round the scenario reports each job's wall time and, from the server's
 ``/metrics``, the seconds it spent decoding and running the head
-(``hapi_extract_compute_seconds``), the object bytes it read from Swift as the callers
+(``hapi_extract_compute_seconds``: stage wall times, which grow when jobs share a core) and
+its CPU seconds (sampled from /proc), the object bytes it read from Swift as the callers
 (``hapi_swift_read_bytes``), and the feature store's hits and coalesced requests.
 
 Two server settings: ``store off`` (every job pays the whole extraction, as before issue 32) and
@@ -29,6 +30,7 @@ from hapi_client.options import ExtractOptions, TrainOptions
 from hapi_contract import ExtractRequest, OutputDtype, TransformSpec
 
 from .data import ensure_photos_and_models
+from .instrument import Sampler
 from .results import ResultSet
 from .runs import RunSpec, measured_finetune
 from .testbed import Testbed
@@ -105,25 +107,38 @@ def _round(testbed: Testbed, specs: list[RunSpec], check: Any) -> dict[str, Any]
 
     def job(i: int) -> None:
         try:
-            measured_finetune(testbed, specs[i], check, barrier=barrier, rate_from_first_data=False)
+            measured_finetune(
+                testbed,
+                specs[i],
+                check,
+                barrier=barrier,
+                sampler=sampler,
+                rate_from_first_data=False,
+            )
             ends[i] = time.perf_counter()
         except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
             errors.append(exc)
             barrier.abort()
 
-    threads = [
-        threading.Thread(target=job, args=(i,), name=f"sweep-{i}") for i in range(len(specs))
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    stack = testbed.stack
+    with Sampler(list(stack.pids.values()), stack.server_pid, testbed.link) as sampler:
+        threads = [
+            threading.Thread(target=job, args=(i,), name=f"sweep-{i}") for i in range(len(specs))
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     if errors:
         raise errors[0]
     after = _scrape(url)
     walls = [end - released[0] for end in ends]
     used = {k: after[k] - before[k] for k in _METRICS}
+    # CPU seconds, unlike the reported stage seconds, do not grow when jobs share a core.
+    parts = sampler.between(released[0], max(ends))
     return {
+        "server_cpu_s": round(parts.server_cpu, 3),
+        "storage_cpu_s": round(parts.storage_cpu, 3),
         "wall_s": [round(w, 3) for w in walls],
         "slowest_wall_s": round(max(walls), 3),
         "mean_wall_s": round(statistics.fmean(walls), 3),
@@ -181,7 +196,8 @@ def run_sweep(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
             results.write(Path(out_dir))
             print(
                 f"[sweep] store {store:3s} {n} jobs: slowest {row['slowest_wall_s']:6.2f} s, "
-                f"server compute {row['server_compute_s']:6.2f} s, Swift read "
+                f"server compute {row['server_compute_s']:6.2f} s "
+                f"(CPU {row['server_cpu_s']:6.2f} s), Swift read "
                 f"{row['swift_read_bytes'] / 2**20:7.2f} MiB, computations {row['computations']}, "
                 f"hits {row['store_hits']}, coalesced {row['store_coalesced']}",
                 flush=True,

@@ -182,15 +182,10 @@ class FeatureDataset(IterableDataset[Batch]):
         evaluation: bool = False,
         epochs: int = 1,
     ) -> None:
-        super().__init__()
-        self.epochs = epochs
-        self.evaluation = evaluation
-        if mode not in ("hapi", "baseline"):
-            raise ConfigurationError(f"mode must be 'hapi' or 'baseline', got {mode!r}")
-        # The keywords a user's own loop passes are checked by the option objects every other
-        # way of training builds, so each rule is written once.
-        TrainOptions(batch_size=batch_size, seed=seed, epochs=epochs)
-        self.extract = ExtractOptions(
+        # A user's own loop passes keywords; they become the option objects every other way of
+        # training builds (so each rule is checked once), and the one setup reads only those.
+        train = TrainOptions(batch_size=batch_size, seed=seed, epochs=epochs)
+        extract = ExtractOptions(
             split=split,
             freeze_index=freeze_index,
             image_size=image_size,
@@ -201,56 +196,24 @@ class FeatureDataset(IterableDataset[Batch]):
             cache_features=cache_features,
             prefetch=prefetch,
         )
-        self.output_dtype = self.extract.output_dtype
-        self.compression = self.extract.compression
-        self.client = client
-        self.container = container
-        self.batch_size = batch_size
-        self.mode = mode
-        self.seed = seed
-        self.shuffle = shuffle
-        # With the rank read from torch.distributed, rank 0's split choice is every rank's (the
-        # measured bandwidths differ) and decided collectively: construct and iterate on all.
-        self._collective = rank is None and world_size is None and _distributed()
-        self.rank, self.world_size = _rank_and_world(rank, world_size)
-        if prepared is None and preflight:
-            run_preflight(client, model=model, containers=[container], mode=mode)
-        self.prepared = prepared or prepare_model(
+        self._setup(
             client,
-            model,
             container,
+            model,
+            train=train,
+            extract=extract,
+            mode=mode,
             num_classes=num_classes,
-            freeze_index=freeze_index,
             transform=transform,
-            image_size=image_size,
-            seed=seed,
+            shuffle=shuffle,
+            rank=rank,
+            world_size=world_size,
+            verify_fraction=verify_fraction,
+            verify_samples=verify_samples,
+            prepared=prepared,
+            preflight=preflight,
+            evaluation=evaluation,
         )
-        self.b_max = cos_batch_cap(self.prepared.manifest, b_max)
-        self.cache = FeatureCache() if cache_features and mode == "hapi" else None
-        self.prefetch = prefetch_depth(prefetch, batch_size, self.prepared.manifest.shard_size)
-        self.verifier = (
-            PushdownVerifier(
-                client.swift,
-                self.prepared.net,
-                self.prepared.transform,
-                verify_fraction,
-                verify_samples,
-                seed,
-            )
-            if verify_fraction > 0 and mode == "hapi"
-            else None
-        )
-        self._split_choice: SplitChoice = 0 if mode == "baseline" else split
-        self._costs: PipelineCosts | None = None
-        # Resumed on a saved split other than the planned one: plan afresh at the next epoch.
-        self._replan = False
-        self.decision = self._plan()
-        self._verify_warned: set[int] = set()  # splits whose empty verification was warned
-        self._epoch = 0
-        self._position = 0  # batches of the current epoch already yielded
-        self._locals: weakref.WeakSet[LocalModel] = weakref.WeakSet()
-        self.last_counters = EpochCounters()
-        len(self)  # refuses at once a share that cannot work (fewer shards than ranks...)
 
     @classmethod
     def from_options(
@@ -271,28 +234,105 @@ class FeatureDataset(IterableDataset[Batch]):
     ) -> FeatureDataset:
         """The dataset of a prepared model (:func:`~hapi_client.preparation.prepare_model`,
         which applied ``extract``'s freeze index and crop size) under the shared options."""
-        return cls(
+        # The options are checked objects already: skip __init__'s keywords, not the setup.
+        dataset = cls.__new__(cls)
+        dataset._setup(
             client,
             container,
             prepared.stored,
-            batch_size=train.batch_size,
-            split=extract.split,
+            train=train,
+            extract=extract,
             mode=mode,
-            seed=train.seed,
             shuffle=shuffle,
             rank=rank,
             world_size=world_size,
-            output_dtype=extract.output_dtype,
-            compression=extract.compression,
-            b_max=extract.b_max,
-            cache_features=extract.cache_features,
-            prefetch=extract.prefetch,
             verify_fraction=verify_fraction,
             verify_samples=verify_samples,
             prepared=prepared,
             evaluation=evaluation,
-            epochs=train.epochs,
         )
+        return dataset
+
+    def _setup(
+        self,
+        client: HapiClient,
+        container: str,
+        model: str | StoredModel,
+        *,
+        train: TrainOptions,
+        extract: ExtractOptions,
+        mode: Literal["hapi", "baseline"],
+        num_classes: int | None = None,
+        transform: hapi_models.InputTransform | None = None,
+        shuffle: bool,
+        rank: int | None,
+        world_size: int | None,
+        verify_fraction: float,
+        verify_samples: int,
+        prepared: PreparedModel | None,
+        preflight: bool = True,
+        evaluation: bool,
+    ) -> None:
+        """The one construction: both front doors (keywords, option objects) end here. Of
+        ``train`` it reads the batch size, the seed and the epochs only."""
+        super().__init__()
+        if mode not in ("hapi", "baseline"):
+            raise ConfigurationError(f"mode must be 'hapi' or 'baseline', got {mode!r}")
+        self.epochs = train.epochs
+        self.evaluation = evaluation
+        self.extract = extract
+        self.output_dtype = extract.output_dtype
+        self.compression = extract.compression
+        self.client = client
+        self.container = container
+        self.batch_size = train.batch_size
+        self.mode = mode
+        self.seed = train.seed
+        self.shuffle = shuffle
+        # With the rank read from torch.distributed, rank 0's split choice is every rank's (the
+        # measured bandwidths differ) and decided collectively: construct and iterate on all.
+        self._collective = rank is None and world_size is None and _distributed()
+        self.rank, self.world_size = _rank_and_world(rank, world_size)
+        if prepared is None and preflight:
+            run_preflight(client, model=model, containers=[container], mode=mode)
+        self.prepared = prepared or prepare_model(
+            client,
+            model,
+            container,
+            num_classes=num_classes,
+            freeze_index=extract.freeze_index,
+            transform=transform,
+            image_size=extract.image_size,
+            seed=train.seed,
+        )
+        self.b_max = cos_batch_cap(self.prepared.manifest, extract.b_max)
+        self.cache = FeatureCache() if extract.cache_features and mode == "hapi" else None
+        self.prefetch = prefetch_depth(
+            extract.prefetch, train.batch_size, self.prepared.manifest.shard_size
+        )
+        self.verifier = (
+            PushdownVerifier(
+                client.swift,
+                self.prepared.net,
+                self.prepared.transform,
+                verify_fraction,
+                verify_samples,
+                train.seed,
+            )
+            if verify_fraction > 0 and mode == "hapi"
+            else None
+        )
+        self._split_choice: SplitChoice = 0 if mode == "baseline" else extract.split
+        self._costs: PipelineCosts | None = None
+        # Resumed on a saved split other than the planned one: plan afresh at the next epoch.
+        self._replan = False
+        self.decision = self._plan()
+        self._verify_warned: set[int] = set()  # splits whose empty verification was warned
+        self._epoch = 0
+        self._position = 0  # batches of the current epoch already yielded
+        self._locals: weakref.WeakSet[LocalModel] = weakref.WeakSet()
+        self.last_counters = EpochCounters()
+        len(self)  # refuses at once a share that cannot work (fewer shards than ranks...)
 
     # -- what the user reads ------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from hapi_client import (
 )
 from hapi_client.datasets import get_source, upload_dataset
 from hapi_client.options import ExtractOptions, TrainOptions
+from hapi_client.preparation import prepare_model
 from hapi_contract import ExtractRequest
 
 from .conftest import ClientEnv
@@ -213,3 +214,49 @@ def test_keywords_are_checked_by_the_option_objects_before_any_request(
     args: dict[str, object] = {"batch_size": 8, **keywords}
     with pytest.raises(ConfigurationError, match=field):
         FeatureDataset(None, "c", "models/alexnet", preflight=False, **args)  # type: ignore[arg-type]
+
+
+def test_the_options_and_the_keywords_build_the_same_dataset(
+    client_env: ClientEnv, client: HapiClient
+) -> None:
+    """``from_options`` keeps every field of the options it is given (one construction path,
+    no field lost in a repacking), and gives the dataset the same keywords give."""
+    extract = ExtractOptions(
+        split="freeze",
+        freeze_index=18,
+        image_size=64,
+        output_dtype="bfloat16",  # type: ignore[arg-type]
+        compression="zstd",  # type: ignore[arg-type]
+        b_max=5,
+        cache_features=False,
+        prefetch=3,
+    )
+    train = TrainOptions(batch_size=8, seed=3, epochs=2)
+    prepared = prepare_model(
+        client,
+        client_env.models[MODEL].name,
+        client_env.train,
+        freeze_index=extract.freeze_index,
+        transform=SMALL,
+        image_size=extract.image_size,
+        seed=train.seed,
+    )
+    by_options = FeatureDataset.from_options(
+        client, client_env.train, prepared, train=train, extract=extract
+    )
+    by_keywords = _dataset(
+        client_env,
+        client,
+        freeze_index=18,
+        image_size=64,
+        output_dtype="bfloat16",
+        compression="zstd",
+        b_max=5,
+        cache_features=False,
+        prefetch=3,
+        epochs=2,
+    )
+    assert by_options.extract == by_keywords.extract == extract
+    for ds in (by_options, by_keywords):
+        assert (ds.batch_size, ds.seed, ds.epochs, ds.b_max, ds.prefetch) == (8, 3, 2, 5, 3)
+        assert ds.cache is None and ds.split_index == ds.freeze_index == 18

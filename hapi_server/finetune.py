@@ -19,11 +19,16 @@ from typing import TypeVar
 import hapi_models
 import torch
 
-from hapi_contract import FinetuneEpoch, FinetuneMetrics, FinetuneRequest
+from hapi_contract import FinetuneEpoch, FinetuneMetrics, FinetuneRequest, ShardSource
 from hapi_contract.epochs import plan_epoch
 from hapi_core.adaptation import make_demand, new_request_id
 from hapi_core.admission import admit_model, input_transform
-from hapi_core.errors import InvalidRequestError, InvalidShardError, PayloadTooLargeError
+from hapi_core.errors import (
+    InvalidRequestError,
+    InvalidShardError,
+    ObjectChangedError,
+    PayloadTooLargeError,
+)
 from hapi_core.estimates import model_footprint
 from hapi_core.extraction import (
     plan_weights,
@@ -32,6 +37,7 @@ from hapi_core.extraction import (
     reserve_and_load,
     source_of,
 )
+from hapi_core.flow import Flow
 
 from .extraction import ServerHost
 from .state import ServerState
@@ -76,18 +82,95 @@ class _ShardSamples:
         return _ShardSamples(self.images[shards], self.labels[shards], self.names[shards])
 
 
-async def _read_samples(
+class _Sized(Exception):
+    """Ends a sizing read where it would plan its bulk: what the read would hold."""
+
+    def __init__(self, nbytes: int, samples: int | None) -> None:
+        super().__init__(nbytes, samples)
+        self.nbytes = nbytes
+        self.samples = samples
+
+
+def _stop_at_reserve(nbytes: int, samples: int | None) -> Flow[None]:
+    raise _Sized(nbytes, samples)
+    yield  # a flow (a generator), though it never performs an effect
+
+
+def _read_size(
+    rt: ServerState, source: ShardSource, num_classes: int
+) -> Flow[tuple[int, int | None]]:
+    """The bytes a shard's read will hold and the most samples they can hold, found as
+    :func:`read_named_samples` plans them (a shard's HEAD as the caller; a folder part, a small
+    list of names, is read), without reading the bulk."""
+    try:
+        yield from read_named_samples(rt, source, num_classes, _stop_at_reserve)
+    except _Sized as sized:
+        return sized.nbytes, sized.samples
+    raise AssertionError("read_named_samples plans every read")  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class _ReadPlan:
+    """Per shard, in the request's shard order: the bytes its read holds and the most samples
+    they can hold (None: not known before the read)."""
+
+    nbytes: list[int]
+    samples: list[int | None]
+
+    def bound(self, shards: slice) -> int | None:
+        """The most samples ``shards`` can hold, None when one of them is not bounded."""
+        counts = self.samples[shards]
+        return None if any(c is None for c in counts) else sum(c or 0 for c in counts)
+
+
+async def _plan_reads(
     state: ServerState, caller: Caller, req: FinetuneRequest, shards: list[str]
+) -> _ReadPlan:
+    """The memory each shard's read will hold, before any of them is read."""
+    host = ServerHost(state, caller)
+    num_classes = req.model.num_classes
+    size = [
+        functools.partial(host.run, _read_size(state, source_of(req, name), num_classes))
+        for name in shards
+    ]
+    results = await gather_bounded(size, state.settings.swift_read_concurrency)
+    return _ReadPlan([n for n, _ in results], [c for _, c in results])
+
+
+def _within_plan(shard: str, planned: int) -> Callable[[int, int | None], Flow[None]]:
+    """A read's reserve that checks its bytes against those planned for it: a shard that grew
+    since it was sized (overwritten meanwhile) would hold memory nobody planned."""
+
+    def reserve(nbytes: int, samples: int | None) -> Flow[None]:
+        if nbytes > planned:
+            raise ObjectChangedError(
+                f"{shard}: changed while the request was planned ({planned} bytes, now "
+                f"{nbytes}); retry"
+            )
+        return
+        yield  # a flow, though it never performs an effect
+
+    return reserve
+
+
+async def _read_samples(
+    state: ServerState, caller: Caller, req: FinetuneRequest, shards: list[str], plan: _ReadPlan
 ) -> _ShardSamples:
     """Images, labels and the images' names per shard, in the request's shard order, each shard
     checked as ``/v1/extract`` checks it (format, sample count, a folder part's images against
-    their pins, every image's header), in the request's layout. The names (an image object, or
-    a shard and key) lead the error of an image whose body does not decode."""
+    their pins, every image's header), in the request's layout, within the bytes ``plan``
+    sized for it. The names (an image object, or a shard and key) lead the error of an image
+    whose body does not decode."""
     host = ServerHost(state, caller)
     num_classes = req.model.num_classes
     read = [
-        functools.partial(host.run, read_named_samples(state, source_of(req, name), num_classes))
-        for name in shards
+        functools.partial(
+            host.run,
+            read_named_samples(
+                state, source_of(req, name), num_classes, _within_plan(name, planned)
+            ),
+        )
+        for name, planned in zip(shards, plan.nbytes, strict=True)
     ]
     results = await gather_bounded(read, state.settings.swift_read_concurrency)
     return _ShardSamples(
@@ -180,7 +263,8 @@ def _training_bytes(req: FinetuneRequest) -> int:
 async def run_finetune(
     state: ServerState, caller: Caller, req: FinetuneRequest
 ) -> tuple[bytes, FinetuneMetrics]:
-    """Cheap checks, then the reads, then admission (model load included), then the work."""
+    """Cheap checks, then the reads' sizes, then admission (the shards' bytes and the model's
+    load included), then the reads and the load within it, then the work."""
     spec = admit_model(req.model, req.freeze_index, "freeze_index")
     if req.epochs > state.settings.max_finetune_epochs:
         raise InvalidRequestError(
@@ -200,22 +284,34 @@ async def run_finetune(
     train_bytes = _training_bytes(req)
     host = ServerHost(state, caller)
     plan = await host.run(plan_weights(state, req.model, scheduler))
+    names = [*req.shards, *req.eval_shards]
+    n = len(req.shards)
     try:
-        names = [*req.shards, *req.eval_shards]
-        samples = await _read_samples(state, caller, req, names)
-        n = len(req.shards)
-        train, evaluation = samples[:n], samples[n:]
-        if sum(map(len, samples.images)) > state.settings.max_samples_per_request * max(
-            1, len(req.shards)
-        ):
-            raise PayloadTooLargeError("too many samples for one fine-tuning request")
+        # Every byte planned before it is read, as /v1/extract plans it: the shards' (sized by
+        # a HEAD as the caller, a folder part by its list), the weights' download and load, the
+        # trained copy and the batches; the reads run inside the admitted memory.
+        reads = await _plan_reads(state, caller, req, names)
+        bound = reads.bound(slice(0, n))
+        batch = max(1, min(req.batch_size, bound if bound is not None else req.batch_size))
         # Training keeps activations for backward and the optimizer state: a conservative 3x.
-        batch = min(req.batch_size, sum(map(len, train.images)))
         demand = make_demand(
-            request_id, 3 * est.bytes_per_sample, plan.load_bytes + train_bytes, batch, batch
+            request_id,
+            3 * est.bytes_per_sample,
+            plan.load_bytes + train_bytes,
+            batch,
+            batch,
+            input_bytes=sum(reads.nbytes),
         )
         reservation, entry = await host.run(reserve_and_load(state, plan, scheduler, demand))
         try:
+            samples = await _read_samples(state, caller, req, names, reads)
+            train, evaluation = samples[:n], samples[n:]
+            if sum(map(len, samples.images)) > state.settings.max_samples_per_request * max(
+                1, len(req.shards)
+            ):
+                raise PayloadTooLargeError("too many samples for one fine-tuning request")
+            # The train shards' count is known now: a larger batch would hold memory idle.
+            scheduler.shrink(reservation, min(req.batch_size, sum(map(len, train.images))))
             model = copy.deepcopy(entry.model)  # never train the shared, cached copy
             if req.target_classes is not None and req.target_classes != req.model.num_classes:
                 model.replace_classifier(req.target_classes, seed=req.seed)

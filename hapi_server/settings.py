@@ -43,6 +43,14 @@ class ServerSettings(CoreSettings, BaseSettings):
         aliases = (self.swift_url_aliases or "").replace(",", " ").split()
         return tuple(dict.fromkeys(u.rstrip("/") for u in (self.swift_url, *aliases)))
 
+    send_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=86400,
+        description="a client that takes no frame of its /v1/extract stream for this long is "
+        "cut off, and its memory and slot are freed (the filter's `send_timeout`)",
+    )
+
     # Limits of the HTTP front.
     max_request_body_bytes: int = Field(
         1 * MiB, ge=1024, description="largest request body (413), chunked or not"

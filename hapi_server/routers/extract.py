@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from hapi_contract import CONTENT_TYPE_FRAMES, EXTRACT_PATH, ExtractRequest
 
@@ -16,6 +18,12 @@ from ..deps import CallerDep, StateDep
 
 router = APIRouter()
 
+log = logging.getLogger(__name__)
+
+
+class _ClientStalled(Exception):
+    """The client took no frame within the send timeout."""
+
 
 class _ReleasingStreamingResponse(StreamingResponse):
     """Calls ``on_close`` when the response is over, however it ended.
@@ -23,15 +31,37 @@ class _ReleasingStreamingResponse(StreamingResponse):
     Starlette can end a response before it starts the body iterator (sending the status line to
     a client that is gone, a cancelled task group), so the generator's ``finally`` alone cannot
     be trusted to release what the request holds.
+
+    A client that takes no frame for ``send_timeout_s`` is cut off (the filter's
+    ``send_timeout``): its body ends there, the server closes the connection, and the
+    request's memory and slot are freed instead of waiting on a reader that may never come.
     """
 
-    def __init__(self, *args: Any, on_close: Callable[[], None], **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, on_close: Callable[[], None], send_timeout_s: float, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._on_close = on_close
+        self._send_timeout_s = send_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_within(message: Message) -> None:
+            # A body's send waits while the client's socket is full (uvicorn's back-pressure):
+            # that wait, and only that one, is what the timeout bounds.
+            try:
+                async with asyncio.timeout(self._send_timeout_s):
+                    await send(message)
+            except TimeoutError:
+                raise _ClientStalled from None
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, send_within)
+        except* _ClientStalled:
+            log.warning(
+                "HAPI stream %s cut off: the client took no frame within %s s (send_timeout_s)",
+                self.headers.get("x-hapi-request-id", "?"),
+                self._send_timeout_s,
+            )
         finally:
             self._on_close()
             # Close a stream left suspended by a disconnect now, not whenever it is collected.
@@ -51,6 +81,7 @@ async def extract(req: ExtractRequest, state: StateDep, caller: CallerDep) -> St
     return _ReleasingStreamingResponse(
         extraction.stream(state, prep),
         on_close=lambda: extraction.abandon(state, prep),
+        send_timeout_s=state.settings.send_timeout_s,
         media_type=CONTENT_TYPE_FRAMES,
         headers=extraction.headers(prep),
     )

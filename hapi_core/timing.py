@@ -46,11 +46,31 @@ class HeadMeasurement:
     layer_s_per_sample: list[float]
     encode_s_per_sample: list[float]
     wire_bytes_per_sample: list[float]
+    samples: int = 0
+    """The images the layers were timed over."""
 
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+#: Samples of the untimed warm-up pass.
+WARM_UP_SAMPLES = 2
+#: Seconds the timed pass may take: a head slower than this per sample times is timed over
+#: fewer samples, never fewer than ``MIN_TIMED_SAMPLES`` (per-sample times at 4 samples are within
+#: a few percent of larger batches' for a head heavy enough to need it).
+TIMED_PASS_S = 2.0
+MIN_TIMED_SAMPLES = 4
+
+
+def timed_samples(per_sample_s: float | None, available: int) -> int:
+    """How many of ``available`` images to time a head of ``per_sample_s`` seconds per sample
+    over (all of them when its cost is unknown)."""
+    if per_sample_s is None or per_sample_s <= 0:
+        return available
+    fits = int(TIMED_PASS_S / per_sample_s)
+    return max(1, min(available, max(MIN_TIMED_SAMPLES, fits)))
 
 
 def measure_head(
@@ -64,29 +84,39 @@ def measure_head(
     *,
     warm_up: bool,
     names: Sequence[str] | None = None,
+    known_s: float | None = None,
 ) -> HeadMeasurement:
     """Decode ``images`` and run them through layers ``[0, split)`` one layer at a time.
 
     With ``warm_up`` an untimed pass runs first (allocator and kernel caches, lazy module
-    state), so that the timed pass measures the steady state the pipeline runs in. Shared by the
+    state), so that the timed pass measures the steady state the pipeline runs in. A heavy head
+    is timed over fewer of the images (:func:`timed_samples`, from the warm-up's time or
+    ``known_s``, the layers' known seconds per sample); all of them are decoded. Shared by the
     HAPI server and the Swift filter's in-proxy execution.
     """
-    n = len(images)
-    labels = torch.zeros(n, dtype=torch.int64)
     try:
         start = time.perf_counter()
         x = transform.decode_batch(images, max_pixels=max_pixels, names=names)
-        decode = (time.perf_counter() - start) / n
+        decode = (time.perf_counter() - start) / len(images)
         x = x.to(device)
         layers = model.layers[:split]
         with torch.inference_mode():
+            per_sample = known_s
             if warm_up:
                 # A couple of samples warm the kernels and the allocator; a whole batch would
-                # double what a first timing costs on a CPU.
-                warm = x[:2]
+                # double what a first timing costs on a CPU. Timed, they say how heavy a sample
+                # is (an overestimate: a first pass is slower).
+                _sync(device)
+                start = time.perf_counter()
+                warm = x[:WARM_UP_SAMPLES]
                 for layer in layers:
                     warm = layer(warm)
+                _sync(device)
+                per_sample = (time.perf_counter() - start) / len(warm)
                 del warm
+            x = x[: timed_samples(per_sample, len(images))]
+            n = len(x)
+            labels = torch.zeros(n, dtype=torch.int64)
             times: list[float] = []
             encode: list[float] = []
             sizes: list[float] = []
@@ -104,7 +134,7 @@ def measure_head(
         raise
     except RuntimeError as exc:  # the same reading as the engine's: the device ran out
         raise BatchExecutionError(str(exc)) from exc
-    return HeadMeasurement(decode, times, encode, sizes)
+    return HeadMeasurement(decode, times, encode, sizes, n)
 
 
 def time_head(
@@ -130,8 +160,9 @@ def time_head(
         start = time.perf_counter()
         transform.decode_batch(images, max_pixels=max_pixels, names=names)
         decode = (time.perf_counter() - start) / len(images)
-        head = kept
+        head, samples = kept, len(images)
     else:
+        known = layer_times.get(key, req.split_index)
         measured = measure_head(
             model,
             req.split_index,
@@ -140,8 +171,9 @@ def time_head(
             device,
             FrameEncoder(dtype=req.output_dtype, compression=req.compression),
             max_pixels,
-            warm_up=layer_times.get(key, req.split_index) is None,
+            warm_up=known is None,
             names=names,
+            known_s=None if known is None else sum(known),
         )
         decode = measured.decode_s_per_sample
         head = layer_times.record(
@@ -152,10 +184,11 @@ def time_head(
             measured.encode_s_per_sample,
             measured.wire_bytes_per_sample,
         )
+        samples = measured.samples
     return TimingsResponse(
         arch=req.model.arch,
         device=str(device),
-        samples=len(images),
+        samples=samples,
         decode_s_per_sample=decode,
         layer_s_per_sample=head.layer_s,
         encode_s_per_sample=head.encode_s,

@@ -64,7 +64,20 @@ OBJECT_SAMPLES = 48
 #: The link probe's size when the bandwidth is not known yet: long enough to time.
 PROBE_BYTES = 8 << 20
 
+#: Seconds the timed pass may take: a head slower than this per sample is timed over fewer
+#: samples, never fewer than ``MIN_TIMED_SAMPLES`` (the server's rule, ``hapi_core.timing``).
+TIMED_PASS_S = 2.0
+MIN_TIMED_SAMPLES = 4
+
 _client_costs: dict[tuple[object, ...], ClientCosts] = {}
+
+
+def timed_samples(per_sample_s: float, available: int) -> int:
+    """How many of ``available`` samples to time a head of ``per_sample_s`` seconds over."""
+    if per_sample_s <= 0:
+        return available
+    fits = int(TIMED_PASS_S / per_sample_s)
+    return max(1, min(available, max(MIN_TIMED_SAMPLES, fits)))
 
 
 @dataclass(frozen=True)
@@ -130,7 +143,7 @@ def measure_client_costs(
         _client_costs[key] = costs
         return costs
     status.info(
-        "timings: timing the client's layers [0, %d) of %s and its tail on %s, %d samples "
+        "timings: timing the client's layers [0, %d) of %s and its tail on %s, up to %d samples "
         "(kept for later runs)",
         freeze_index,
         net.arch,
@@ -146,10 +159,16 @@ def measure_client_costs(
         with torch.inference_mode():
             # A couple of samples warm the kernels and the allocator: a whole batch would double
             # the seconds this costs on a CPU for no better steady state.
+            # Timed, they say how heavy a sample is: a heavy head is timed over fewer samples.
+            _sync(device)
+            t0 = time.perf_counter()
             warm = x[:WARM_UP_SAMPLES]
             for layer in layers[:freeze_index]:
                 warm = layer(warm)
+            _sync(device)
+            batch = timed_samples((time.perf_counter() - t0) / len(warm), batch)
             del warm
+            x = x[:batch]
             for layer in layers[:freeze_index]:
                 _sync(device)
                 t0 = time.perf_counter()

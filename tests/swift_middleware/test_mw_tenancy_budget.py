@@ -1,0 +1,132 @@
+"""Issue 27's goal on a real in-proxy proxy, scaled down: every request is served or refused
+cleanly (200, 503, 504 or 507), and the proxy's sampled peak resident memory, its idle memory
+included, stays within the budget plus 10 %.
+
+The proxy runs as the issue's did (``torch_threads`` 1, 2 slots), with a 1 GiB budget and a
+128 MiB reserve; the cases are two of the issue's table at sizes that run in seconds:
+
+* eight concurrent requests of 576x576 images (ResNet18 split 3 at 576 px: each sample's
+  activations are about 21 MB), each of which fits alone;
+* a shard of 160 large JPEGs (about 60 MB) read by two requests at once.
+
+Peak memory and a bystander's GET latency are printed (``-s``); the bound asserted is memory,
+never time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from hapi_stack import RunningStack
+from tests.hapi_server.conftest import make_images, shard_bytes
+from tests.swift_middleware.mw_support import MW_DATA, MwData, ProxyProcess, extract, shard_url
+from tests.swift_middleware.test_mw_in_proxy_waits import RssPeak
+
+pytestmark = pytest.mark.swift
+
+# Measured here (2 shared cores): eight 576 px requests, all 200, peak 2131 MiB; the large
+# shard twice, both 200, peak 1136 MiB; budget 1024 MiB. The in-proxy plan does not yet hold
+# the goal: strict, so the test fails as soon as it does, and the bound stays as the issue has it.
+_OVER_BUDGET = pytest.mark.xfail(
+    strict=True, reason="issue 27: the proxy's peak RSS exceeds the budget + 10 % (open)"
+)
+
+BUDGET = 1 << 30
+RESERVE = 128 << 20
+CLEAN = {200, 503, 504, 507}
+LARGE_IMAGES = "tenancy/eight-576.tar"
+LARGE_SHARD = "tenancy/large-160.tar"
+
+
+@pytest.fixture(scope="module")
+def budget_proxy(
+    proxy_factory: Callable[..., ProxyProcess], swift_stack: RunningStack, mw_data: MwData
+) -> ProxyProcess:
+    conn = swift_stack.connection()
+    conn.put_object(MW_DATA, LARGE_IMAGES, shard_bytes(*make_images(8, seed=51, side=576)))
+    conn.put_object(MW_DATA, LARGE_SHARD, shard_bytes(*make_images(160, seed=52, side=576)))
+    conn.close()
+    return proxy_factory(
+        execution="in_proxy",
+        torch_threads="1",
+        max_concurrent="2",
+        memory_budget_bytes=str(BUDGET),
+        framework_reserve_bytes=str(RESERVE),
+        queue_limit="16",
+        request_timeout="300",
+        b_min="1",
+    )
+
+
+class Bystander:
+    """A plain GET through the proxy every 0.5 s while a case runs; its latencies."""
+
+    def __init__(self, proxy: ProxyProcess, token: str) -> None:
+        self.latencies: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(proxy, token), daemon=True)
+        self._thread.start()
+
+    def _run(self, proxy: ProxyProcess, token: str) -> None:
+        while not self._stop.wait(0.5):
+            start = time.perf_counter()
+            resp = httpx.get(shard_url(proxy), headers={"X-Auth-Token": token}, timeout=60)
+            if resp.status_code == 200:
+                self.latencies.append(time.perf_counter() - start)
+
+    def stop(self) -> str:
+        self._stop.set()
+        self._thread.join(65)
+        worst = max(self.latencies, default=0.0)
+        return f"bystander GETs {len(self.latencies)}, slowest {worst * 1000:.0f} ms"
+
+
+def run_case(
+    proxy: ProxyProcess, mw_data: MwData, bodies: list[tuple[str, dict[str, Any]]]
+) -> list[int]:
+    """Send every request at once; the statuses, with peak memory and bystander printed."""
+    rss = RssPeak(proxy.process.pid)
+    bystander = Bystander(proxy, mw_data.token)
+    try:
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            statuses = list(
+                pool.map(
+                    lambda job: (
+                        extract(shard_url(proxy, MW_DATA, job[0]), job[1], mw_data.headers()).status
+                    ),
+                    bodies,
+                )
+            )
+    finally:
+        line = f"{rss.stop()}, {bystander.stop()}"
+    print(f"\n{statuses}: {line}, budget {BUDGET >> 20} MiB")
+    assert set(statuses) <= CLEAN, statuses
+    assert rss.peak <= BUDGET * 1.10, (
+        f"peak RSS {rss.peak >> 20} MiB over the budget {BUDGET >> 20} MiB + 10 %"
+    )
+    return statuses
+
+
+@_OVER_BUDGET
+def test_eight_requests_of_large_images_stay_within_the_budget(
+    budget_proxy: ProxyProcess, mw_data: MwData
+) -> None:
+    body = mw_data.body("resnet18", 3, side=576, b_max=8)
+    statuses = run_case(budget_proxy, mw_data, [(LARGE_IMAGES, body)] * 8)
+    assert 200 in statuses
+
+
+@_OVER_BUDGET
+def test_a_large_shard_read_twice_at_once_stays_within_the_budget(
+    budget_proxy: ProxyProcess, mw_data: MwData
+) -> None:
+    body = mw_data.body("resnet18", 3, b_max=32)
+    statuses = run_case(budget_proxy, mw_data, [(LARGE_SHARD, body)] * 2)
+    assert 200 in statuses

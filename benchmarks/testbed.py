@@ -124,9 +124,12 @@ class Testbed:
         # One extraction per server core at a time unless a scenario says otherwise: on a CPU,
         # concurrent requests only interleave on the same cores, which delays every request's
         # first bytes (and the client's pipeline) without adding throughput.
+        # No feature store unless a scenario asks (sweep does): the thesis' scenarios time each
+        # epoch's extraction, which a store would answer from its first epoch's features.
         defaults = {
             "torch_threads": len(self.cores.server),
             "max_concurrent_per_device": len(self.cores.server),
+            "feature_store_bytes": 0,
         }
         merged = {**defaults, **(settings or {})}
         server_env = {f"HAPI_{k.upper()}": str(v) for k, v in merged.items()}

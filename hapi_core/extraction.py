@@ -620,7 +620,10 @@ def job_of(rt: CoreRuntime, prep: PreparedExtraction) -> ExtractionJob:
     encoder = FrameEncoder(dtype=req.output_dtype, compression=req.compression)
     if prep.computation is not None:
         prep.encoder = RecordingEncoder(
-            count=len(prep.images), dtype=req.output_dtype, compression=req.compression
+            count=len(prep.images),
+            dtype=req.output_dtype,
+            compression=req.compression,
+            computation=prep.computation,
         )
         encoder = prep.encoder
     return ExtractionJob(

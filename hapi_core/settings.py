@@ -108,11 +108,12 @@ class CoreSettings(BaseModel):
 
     # One extraction for many jobs (hapi_core.shared_features).
     feature_store_bytes: int = Field(
-        0,
+        256 * MiB,
         ge=0,
         description="computed features kept for other requests of the same shard, weights, "
-        "split, transform and dtype (least recently used evicted); 0: no store and no "
-        "coalescing of concurrent identical requests",
+        "split, transform and dtype (least recently used evicted), and the most that "
+        "computations in flight copy for them; 0: no store and no coalescing of concurrent "
+        "identical requests",
     )
     feature_store_dir: str | None = Field(
         None,

@@ -19,6 +19,12 @@ sample order and the framing are the requester's, never the computing request's.
 in bytes and evicts the least recently used entry; with a directory, entries are safetensors
 files there (no pickle). A directory that cannot be written (removed, full, read-only) turns
 the store off, said once in the log; a request never fails because of the store.
+
+Neither the store nor a computation's copy is in the per-request memory plan, so both are
+bounded by the same figure: the copies that computations in flight record (:class:`Recording`)
+hold at most ``capacity_bytes`` together, and a computation whose copy would pass that stops
+recording (its waiters then compute their own). The memory outside the plan that sharing can
+hold is thus at most twice the store's bound.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ __all__ = [
     "FeatureKey",
     "FeatureStore",
     "Joined",
+    "Recording",
     "RecordingEncoder",
     "SharedFeatures",
     "feature_key",
@@ -129,14 +136,46 @@ class SharedFeatures:
         return self.features.numel() * self.features.element_size() + self.labels.numel() * 8
 
 
+@dataclass
+class Recording:
+    """The bytes that computations in flight may copy for the others, at most ``capacity``
+    together (the store's bound): the copies are outside the per-request plan too."""
+
+    capacity: int
+    used: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def take(self, nbytes: int) -> bool:
+        with self._lock:
+            if self.used + nbytes > self.capacity:
+                return False
+            self.used += nbytes
+            return True
+
+    def give(self, nbytes: int) -> None:
+        with self._lock:
+            self.used = max(0, self.used - nbytes)
+
+
 class RecordingEncoder(FrameEncoder):
     """A :class:`FrameEncoder` that keeps a copy of every batch at the wire dtype, so the
-    leading request's job fills the store without a change to the engine."""
+    leading request's job fills the store without a change to the engine. The copy is charged
+    to ``computation`` (:meth:`Computation.record`); once refused, recording stops for good
+    and :meth:`collected` is None."""
 
-    def __init__(self, *, count: int, dtype: OutputDtype, **kwargs: object) -> None:
+    def __init__(
+        self,
+        *,
+        count: int,
+        dtype: OutputDtype,
+        computation: Computation | None = None,
+        **kwargs: object,
+    ) -> None:
         super().__init__(dtype=dtype, **kwargs)  # type: ignore[arg-type]
         self._count = count
+        self._computation = computation
         self._parts: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.recording = True
 
     def batch(
         self,
@@ -146,12 +185,23 @@ class RecordingEncoder(FrameEncoder):
         meta: dict[str, object] | None = None,
     ) -> bytes:
         frame = super().batch(features, labels, offset, meta)
-        wire = features.detach().to("cpu", dtype=_TORCH_DTYPES[self.dtype]).contiguous()
+        if not self.recording:
+            return frame
+        dtype = _TORCH_DTYPES[self.dtype]
+        nbytes = features.numel() * dtype.itemsize + labels.numel() * 8
+        if self._computation is not None and not self._computation.record(nbytes):
+            # Over the bound: the frames go on, the copy goes (the waiters compute their own).
+            self.recording = False
+            self._parts.clear()
+            return frame
+        wire = features.detach().to("cpu", dtype=dtype).contiguous()
         self._parts[offset] = (wire, labels.detach().to("cpu", dtype=torch.int64))
         return frame
 
     def collected(self) -> SharedFeatures | None:
         """Every sample recorded, in shard order; None unless each was recorded exactly once."""
+        if not self.recording:
+            return None
         parts = [self._parts[k] for k in sorted(self._parts)]
         expected = 0
         for offset, (features, _) in zip(sorted(self._parts), parts, strict=True):
@@ -185,6 +235,9 @@ class Computation:
     """
 
     key: FeatureKey
+    budget: Recording | None = None
+    """What the leading job's copy of the features is charged to (None: unbounded)."""
+    recorded_bytes: int = 0
     cancelled: threading.Event = field(default_factory=threading.Event)
     waiters: int = 0
     owner_gone: bool = False
@@ -192,6 +245,15 @@ class Computation:
     result: SharedFeatures | None = None
     _callbacks: list[Callable[[], None]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, nbytes: int) -> bool:
+        """Charge ``nbytes`` more of the leading job's copy; False (nothing charged) past the
+        budget or once settled."""
+        with self._lock:
+            if self.settled or (self.budget is not None and not self.budget.take(nbytes)):
+                return False
+            self.recorded_bytes += nbytes
+            return True
 
     def owner_left(self) -> None:
         """The computing request's client left: stop unless someone else waits."""
@@ -237,6 +299,9 @@ class Computation:
                 return False
             self.settled, self.result = True, result
             callbacks, self._callbacks = self._callbacks, []
+            recorded, self.recorded_bytes = self.recorded_bytes, 0
+        if self.budget is not None:
+            self.budget.give(recorded)  # the copy is the store's now, or garbage
         for callback in callbacks:
             callback()
         return True
@@ -271,6 +336,7 @@ class FeatureStore:
         self._computing: dict[FeatureKey, Computation] = {}
         self._lock = threading.Lock()
         self.bytes = 0
+        self.recording = Recording(capacity_bytes)
         self.enabled = capacity_bytes > 0
         if self.enabled and self.directory is not None:
             try:
@@ -319,7 +385,7 @@ class FeatureStore:
                 self._count("hits")
                 return shared
         self._count("misses")
-        computation = Computation(key)
+        computation = Computation(key, self.recording)
         with self._lock:
             self._computing[key] = computation
         return computation

@@ -12,6 +12,7 @@ import torch
 from hapi_contract import Compression, OutputDtype
 from hapi_contract.frames import BatchFrame, FrameDecoder, FrameEncoder
 from hapi_core.metrics import Metrics
+from hapi_core.settings import CoreSettings
 from hapi_core.shared_features import (
     Computation,
     FeatureKey,
@@ -202,3 +203,55 @@ def test_recording_with_a_gap_shares_nothing() -> None:
     recorder = RecordingEncoder(count=8, dtype=OutputDtype.FLOAT32, compression=Compression.NONE)
     recorder.batch(torch.ones(4, 2), torch.zeros(4, dtype=torch.int64), offset=0)
     assert recorder.collected() is None  # a job that stopped early
+
+
+def _record(store: FeatureStore, k: FeatureKey, x: torch.Tensor) -> RecordingEncoder:
+    lead = store.begin(k)
+    assert isinstance(lead, Computation)
+    recorder = RecordingEncoder(
+        count=x.shape[0], dtype=OutputDtype.FLOAT16, compression=Compression.NONE, computation=lead
+    )
+    for start in range(0, x.shape[0], 2):
+        stop = min(x.shape[0], start + 2)
+        recorder.batch(x[start:stop], torch.zeros(stop - start, dtype=torch.int64), offset=start)
+    return recorder
+
+
+def test_copies_in_flight_are_bounded_by_the_store_and_freed_when_settled() -> None:
+    """The leading jobs' copies are outside the per-request plan: together they hold at most
+    the store's bound, a job past it stops copying (its waiters compute their own), and the
+    bytes go back once its computation is settled."""
+    per_sample = 8 * 2 + 8  # float16 features of width 8 and an int64 label
+    store = FeatureStore(10 * per_sample, None, None)
+    first = _record(store, key("AUTH_a/d/a"), torch.randn(6, 8))
+    assert store.recording.used == 6 * per_sample
+    second = _record(store, key("AUTH_a/d/b"), torch.randn(6, 8))
+    assert second.collected() is None  # 4 samples would have passed the bound
+    assert store.recording.used == 6 * per_sample + 4 * per_sample
+    assert first.collected() is not None
+
+    lead_b = second._computation
+    assert lead_b is not None
+    store.settle(lead_b, None)
+    assert store.recording.used == 6 * per_sample
+    lead_a = first._computation
+    assert lead_a is not None
+    store.settle(lead_a, first.collected())
+    assert store.recording.used == 0 and key("AUTH_a/d/a") in store
+
+
+def test_an_entry_larger_than_the_store_is_not_copied_whole() -> None:
+    per_sample = 8 * 2 + 8
+    store = FeatureStore(3 * per_sample, None, None)
+    recorder = _record(store, key(), torch.randn(8, 8))
+    assert recorder.collected() is None and store.recording.used <= 3 * per_sample
+
+
+def test_sharing_is_on_by_default_with_a_modest_bound() -> None:
+    """A sweep shares without configuration: the server's store (and so coalescing) is on by
+    default, bounded well inside the CPU device's default budget."""
+    settings = CoreSettings()
+    assert 0 < settings.feature_store_bytes
+    # The store and the copies in flight, both outside the plan, within an eighth of the budget.
+    assert 2 * settings.feature_store_bytes <= settings.cpu_memory_budget_bytes // 8
+    assert FeatureStore(settings.feature_store_bytes, None, None).enabled

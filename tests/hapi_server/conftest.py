@@ -74,6 +74,10 @@ def start_server(
         HAPI_TORCH_THREADS="1",
         HAPI_ADAPTATION_WINDOW_S="0.01",
     )
+    # The feature store (on by default since issue 32) would answer a repeat of another test's
+    # request without running it, and these tests check the request's own computation: its
+    # planned COS batch, its stages, its memory. The sharing tests ask for a store.
+    settings = {"feature_store_bytes": 0, **settings}
     env.update({f"HAPI_{k.upper()}": str(v) for k, v in settings.items()})
     log = log_dir / f"hapi-server-{port}.log"
     proc = subprocess.Popen(  # noqa: S603

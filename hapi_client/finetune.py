@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import hapi_models
 import torch
@@ -37,6 +37,7 @@ from .preparation import PreparedModel, prepare_model
 from .progress import Progress, progress_bar
 from .recipe_checkpoint import (
     EpochSums,
+    RecipeCheckpoint,
     RecipeCheckpointer,
     load_recipe_checkpoint,
     recipe_fingerprint,
@@ -174,114 +175,193 @@ def run_finetune(
     log.info(
         "%s: split %d (%s)", prepared.stored.arch, dataset.split_index, dataset.decision.reason
     )
-    held_out: FeatureDataset | None = None
     local = dataset.local_model(device)
-    opt = train.optimizer_config().build(local.trainable_parameters())
-    history: list[EpochMetrics] = []
+    run = _Run(
+        client,
+        prepared,
+        dataset,
+        local,
+        train.optimizer_config().build(local.trainable_parameters()),
+        mode,
+        train,
+        extract,
+        device,
+        progress,
+        max_iterations,
+    )
     torch.manual_seed(train.seed)
-    saver: RecipeCheckpointer | None = None
+    history: list[EpochMetrics] = []
     extra: dict[str, Any] = {}
     pending = EpochSums()  # the sums of a resumed epoch's part before the restart
     first_epoch = 0
     if checkpoint_dir is not None:
-        fingerprint = recipe_fingerprint(
-            prepared, container, mode=mode, train=train, extract=extract
-        )
-        saver = RecipeCheckpointer(
-            Path(checkpoint_dir), checkpoint_every, fingerprint, dataset, local, opt
-        )
+        run.saver = _checkpointer(run, container, Path(checkpoint_dir), checkpoint_every)
         if resume is not None:
-            pending = saver.restore(resume)
-            history = [EpochMetrics(**m) for m in resume.history]
-            first_epoch = resume.epoch
-            extra["resumed_from"] = {
-                "epoch": resume.epoch,
-                "batches_done": resume.batches_done,
-                "iteration": resume.iteration,
-            }
-            status.info(
-                "resuming from the checkpoint in %s: epoch %d, %d batches into it",
-                checkpoint_dir,
-                resume.epoch + 1,
-                resume.batches_done,
-            )
+            pending, history, first_epoch = _resume(run, resume, checkpoint_dir, extra)
     for epoch in range(first_epoch, train.epochs):
-        dataset.set_epoch(epoch)  # a resumed epoch goes on where its checkpoint stands
-        sums, pending = pending, EpochSums()
-        start = time.perf_counter()
-        local.train()
-        bar = progress_bar(
-            len(dataset), f"{mode} epoch {epoch + 1}/{train.epochs}", enabled=progress
-        )
-        bar.update(sums.iterations)
-        arrivals: list[float] = []
-        limit = len(dataset) if max_iterations is None else min(len(dataset), max_iterations)
-        batches = _with_progress(dataset, bar, start, limit - sums.iterations, arrivals)
-        for x, y in batches:
-            loss_sum, correct = hapi_models.train_step(local, x, y, opt, device)
-            sums.loss_sum += loss_sum
-            sums.correct += correct
-            sums.samples += len(y)
-            sums.iterations += 1
-            if saver is not None:
-                saver.after_iteration(
-                    epoch,
-                    functools.partial(_so_far, sums, dataset, start, arrivals),
-                    last=sums.iterations >= limit,
-                )
-        bar.close()
-        seconds = sums.seconds + time.perf_counter() - start
-        counters = dataset.last_counters
-        eval_acc = None
-        if eval_container is not None:
-            if held_out is None or held_out.split_index != dataset.split_index:
-                eval_prepared = dataclasses.replace(
-                    prepared, manifest=client.manifest(eval_container)
-                )
-                held_out = FeatureDataset.from_options(
-                    client,
-                    eval_container,
-                    eval_prepared,
-                    train=train,
-                    extract=extract.replace(split=dataset.split_index),
-                    mode=mode,
-                    rank=0,
-                    world_size=1,
-                    shuffle=False,
-                    evaluation=True,
-                )
-            eval_acc = _evaluate(local, held_out, device)
-        bw = client.bandwidth.bytes_per_s
-        # Sums of a resumed epoch: the part before the restart plus this attempt's counters.
-        wire_bytes = counters.wire_bytes + sums.wire_bytes
-        first_batch_s = sums.first_batch_s
-        if first_batch_s is None and arrivals:
-            first_batch_s = arrivals[0] - start
-        history.append(
-            EpochMetrics(
-                epoch=epoch + 1,
-                mode=mode,
-                split_index=dataset.split_index,
-                loss=sums.loss_sum / sums.samples if sums.samples else float("nan"),
-                train_accuracy=sums.correct / sums.samples if sums.samples else float("nan"),
-                eval_accuracy=eval_acc,
-                seconds=seconds,
-                samples=sums.samples,
-                iterations=sums.iterations,
-                bytes_received=wire_bytes,
-                bytes_per_iteration=wire_bytes / max(1, sums.iterations),
-                requests=counters.requests + sums.requests,
-                bandwidth_mbit_s=bw * 8e-6 if bw else None,
-                samples_per_s=sums.samples / seconds,
-                first_batch_s=first_batch_s,
-                last_batch_s=sums.seconds + arrivals[-1] - start if arrivals else None,
-                verified_samples=counters.verified_samples + sums.verified_samples,
-            )
-        )
+        trained = _train_epoch(run, epoch, pending)
+        pending = EpochSums()
+        eval_acc = _evaluate_epoch(run, eval_container) if eval_container is not None else None
+        history.append(_epoch_metrics(run, epoch, trained, eval_acc))
         log.info("epoch %d: %s", epoch + 1, history[-1])
+        if run.saver is not None:
+            run.saver.epoch_end(epoch, [asdict(m) for m in history])
+    return _result(run, history, split_seconds, extra, verify_fraction)
+
+
+@dataclass
+class _Run:
+    """What every step of one recipe run (modes hapi and baseline) shares."""
+
+    client: HapiClient
+    prepared: PreparedModel
+    dataset: FeatureDataset
+    local: LocalModel
+    opt: torch.optim.Optimizer
+    mode: Literal["hapi", "baseline"]
+    train: TrainOptions
+    extract: ExtractOptions
+    device: str
+    progress: bool
+    max_iterations: int | None
+    saver: RecipeCheckpointer | None = None
+    #: The evaluation dataset, kept across epochs while the training's split stays.
+    held_out: FeatureDataset | None = None
+
+
+@dataclass
+class _TrainedEpoch:
+    """An epoch's training: its sums (a resumed epoch's part before the restart included), its
+    seconds, when this attempt started and when each of its batches arrived."""
+
+    sums: EpochSums
+    seconds: float
+    start: float
+    arrivals: list[float]
+
+
+def _checkpointer(
+    run: _Run, container: str, directory: Path, every: int | None
+) -> RecipeCheckpointer:
+    fingerprint = recipe_fingerprint(
+        run.prepared, container, mode=run.mode, train=run.train, extract=run.extract
+    )
+    return RecipeCheckpointer(directory, every, fingerprint, run.dataset, run.local, run.opt)
+
+
+def _resume(
+    run: _Run, resume: RecipeCheckpoint, checkpoint_dir: str | Path, extra: dict[str, Any]
+) -> tuple[EpochSums, list[EpochMetrics], int]:
+    """Load ``resume`` into the run: the resumed epoch's sums so far, the history, the epoch."""
+    assert run.saver is not None
+    pending = run.saver.restore(resume)
+    extra["resumed_from"] = {
+        "epoch": resume.epoch,
+        "batches_done": resume.batches_done,
+        "iteration": resume.iteration,
+    }
+    status.info(
+        "resuming from the checkpoint in %s: epoch %d, %d batches into it",
+        checkpoint_dir,
+        resume.epoch + 1,
+        resume.batches_done,
+    )
+    return pending, [EpochMetrics(**m) for m in resume.history], resume.epoch
+
+
+def _train_epoch(run: _Run, epoch: int, sums: EpochSums) -> _TrainedEpoch:
+    """Train one epoch (or its rest, from ``sums`` of a resumed one), checkpointing as set."""
+    dataset, saver = run.dataset, run.saver
+    dataset.set_epoch(epoch)  # a resumed epoch goes on where its checkpoint stands
+    start = time.perf_counter()
+    run.local.train()
+    bar = progress_bar(
+        len(dataset), f"{run.mode} epoch {epoch + 1}/{run.train.epochs}", enabled=run.progress
+    )
+    bar.update(sums.iterations)
+    arrivals: list[float] = []
+    limit = len(dataset) if run.max_iterations is None else min(len(dataset), run.max_iterations)
+    batches = _with_progress(dataset, bar, start, limit - sums.iterations, arrivals)
+    for x, y in batches:
+        loss_sum, correct = hapi_models.train_step(run.local, x, y, run.opt, run.device)
+        sums.loss_sum += loss_sum
+        sums.correct += correct
+        sums.samples += len(y)
+        sums.iterations += 1
         if saver is not None:
-            saver.epoch_end(epoch, [asdict(m) for m in history])
-    net = local.full_model()
+            saver.after_iteration(
+                epoch,
+                functools.partial(_so_far, sums, dataset, start, arrivals),
+                last=sums.iterations >= limit,
+            )
+    bar.close()
+    return _TrainedEpoch(sums, sums.seconds + time.perf_counter() - start, start, arrivals)
+
+
+def _evaluate_epoch(run: _Run, eval_container: str) -> float:
+    """Held-out accuracy at the training's split (its dataset made again when the split moved)."""
+    split = run.dataset.split_index
+    if run.held_out is None or run.held_out.split_index != split:
+        eval_prepared = dataclasses.replace(
+            run.prepared, manifest=run.client.manifest(eval_container)
+        )
+        run.held_out = FeatureDataset.from_options(
+            run.client,
+            eval_container,
+            eval_prepared,
+            train=run.train,
+            extract=run.extract.replace(split=split),
+            mode=run.mode,
+            rank=0,
+            world_size=1,
+            shuffle=False,
+            evaluation=True,
+        )
+    return _evaluate(run.local, run.held_out, run.device)
+
+
+def _epoch_metrics(
+    run: _Run, epoch: int, trained: _TrainedEpoch, eval_acc: float | None
+) -> EpochMetrics:
+    sums, seconds, start, arrivals = trained.sums, trained.seconds, trained.start, trained.arrivals
+    counters = run.dataset.last_counters
+    bw = run.client.bandwidth.bytes_per_s
+    # Sums of a resumed epoch: the part before the restart plus this attempt's counters.
+    wire_bytes = counters.wire_bytes + sums.wire_bytes
+    first_batch_s = sums.first_batch_s
+    if first_batch_s is None and arrivals:
+        first_batch_s = arrivals[0] - start
+    return EpochMetrics(
+        epoch=epoch + 1,
+        mode=run.mode,
+        split_index=run.dataset.split_index,
+        loss=sums.loss_sum / sums.samples if sums.samples else float("nan"),
+        train_accuracy=sums.correct / sums.samples if sums.samples else float("nan"),
+        eval_accuracy=eval_acc,
+        seconds=seconds,
+        samples=sums.samples,
+        iterations=sums.iterations,
+        bytes_received=wire_bytes,
+        bytes_per_iteration=wire_bytes / max(1, sums.iterations),
+        requests=counters.requests + sums.requests,
+        bandwidth_mbit_s=bw * 8e-6 if bw else None,
+        samples_per_s=sums.samples / seconds,
+        first_batch_s=first_batch_s,
+        last_batch_s=sums.seconds + arrivals[-1] - start if arrivals else None,
+        verified_samples=counters.verified_samples + sums.verified_samples,
+    )
+
+
+def _result(
+    run: _Run,
+    history: list[EpochMetrics],
+    split_seconds: float,
+    extra: dict[str, Any],
+    verify_fraction: float,
+) -> FinetuneResult:
+    """The trained model and the run's record: cache hits, what verification checked."""
+    dataset = run.dataset
+    net = run.local.full_model()
     net.eval()
     extra["cache_hits"] = dataset.cache.hits if dataset.cache else 0
     if dataset.verifier is not None:
@@ -298,17 +378,17 @@ def run_finetune(
                 verify_fraction,
             )
     decision = dataset.decision
-    if mode == "baseline":
+    if run.mode == "baseline":
         decision = SplitDecision(
             0, "baseline: raw shards, every layer on the client", 0.0, 0.0, 0.0, ()
         )
     return FinetuneResult(
         net.cpu(),
         history,
-        mode,
-        prepared.freeze_index,
+        run.mode,
+        run.prepared.freeze_index,
         decision,
-        prepared.profile_seconds,
+        run.prepared.profile_seconds,
         split_seconds,
         extra,
     )

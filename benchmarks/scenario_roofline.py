@@ -95,7 +95,9 @@ def measure_stages(
     """Seconds per image on one thread: decode (fast, PIL), the head (contiguous, channels_last)."""
     spec = hapi_models.get_spec(ARCH)
     transform = spec.transform
-    model = hapi_models.get_model(ARCH, num_classes=10).eval()
+    # The packaged ImageNet weights, as the server runs: a random init's activations run into
+    # subnormal floats on a CPU and time another network.
+    model = hapi_models.get_model(ARCH, weights="imagenet").eval()
     head = model.head(SPLIT)
     with one_thread(core), torch.inference_mode():
         decode = _best_per_item(
@@ -120,7 +122,7 @@ def measure_stages(
 def feature_difference(images: Sequence[bytes]) -> float:
     """``||new - old|| / ||old||`` of the head's features over ``images``, fast vs PIL decode."""
     spec = hapi_models.get_spec(ARCH)
-    head = hapi_models.get_model(ARCH, num_classes=10).eval().head(SPLIT)
+    head = hapi_models.get_model(ARCH, weights="imagenet").eval().head(SPLIT)
     with torch.inference_mode():
         new = head(spec.transform.decode_batch(images))
         old = head(spec.transform.decode_batch(images, path="pil"))
@@ -192,17 +194,19 @@ def _end_to_end(
             server_s.append(got.end.meta["server_ms"]["total"] / 1e3)
     read = _read_images_per_s(testbed, source.shard, n)
     testbed.stop_stack()
+    # The best request: on a shared host, load from elsewhere only ever slows a request down.
     return {
         "images": n,
-        "server_images_per_s": n / statistics.median(server_s),
-        "client_images_per_s": n / statistics.median(client_s),
+        "server_images_per_s": n / min(server_s),
+        "client_images_per_s": n / min(client_s),
+        "server_images_per_s_median": n / statistics.median(server_s),
         "read_images_per_s": read,
     }
 
 
 def run_roofline(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
     """The ``roofline`` scenario; writes ``roofline.json`` and ``roofline.csv``."""
-    per_class, repeats = (10, 5) if quick else (30, 9)
+    per_class, repeats, rounds = (10, 3, 2) if quick else (30, 5, 3)
     server_cores = testbed.cores.server
     cores = len(server_cores)
     results = ResultSet.start(
@@ -212,6 +216,7 @@ def run_roofline(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
         arch=ARCH,
         split=SPLIT,
         batch=BATCH,
+        rounds=rounds,
         server_cores=list(server_cores),
         goals=GOALS,
     )
@@ -227,16 +232,20 @@ def run_roofline(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
         flush=True,
     )
     measured: dict[str, dict[str, float]] = {}
-    for name, path in PATHS.items():
-        settings = {
-            "torch_threads": cores if name == "old" else None,
-            "cores": cores,
-            "max_concurrent_per_device": cores,
-            **path,
-        }
-        measured[name] = _end_to_end(
-            testbed, {k: v for k, v in settings.items() if v is not None}, per_class, repeats
-        )
+    for _ in range(rounds):  # the paths take turns, so that drift in the host's load hits both
+        for name, path in PATHS.items():
+            settings = {
+                "torch_threads": cores if name == "old" else None,
+                "cores": cores,
+                "max_concurrent_per_device": cores,
+                **path,
+            }
+            row = _end_to_end(
+                testbed, {k: v for k, v in settings.items() if v is not None}, per_class, repeats
+            )
+            best = measured.get(name)
+            if best is None or row["server_images_per_s"] > best["server_images_per_s"]:
+                measured[name] = row
     decode_cpu = stages["decode_fast_s"]
     head_cpu = min(stages["head_contiguous_s"], stages["head_channels_last_s"])
     read = measured["new"]["read_images_per_s"]

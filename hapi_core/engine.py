@@ -189,11 +189,11 @@ def iter_frames(job: ExtractionJob, stats: JobStats) -> Generator[bytes, None, N
     token = job.token
     starts = range(0, len(job.images), job.batch_size)
     pending = _submit_decode(job, pool, token, 0) if len(starts) else None
+    current: _Decoding | None = None
     try:
         for start in starts:
             assert pending is not None and pending.start == start
-            current = pending
-            pending = None
+            current, pending = pending, None
             done = current.stop - start
             t0 = time.perf_counter()
             try:
@@ -227,8 +227,9 @@ def iter_frames(job: ExtractionJob, stats: JobStats) -> Generator[bytes, None, N
                     stats.peak_bytes_per_sample = reading.bytes_per_sample
             yield frame
     finally:
-        if pending is not None:
-            pool.cancel(token, pending.tasks, job.decode_timeout_s)
+        # The batch in hand too: one image failed, the others may still be queued or running.
+        left = [t for d in (current, pending) if d is not None for t in d.tasks]
+        pool.cancel(token, left, job.decode_timeout_s)
 
 
 @dataclass(frozen=True)

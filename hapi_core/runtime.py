@@ -92,8 +92,14 @@ class CoreRuntime:
                 sched.process_memory = resident_in_use_bytes
             schedulers[device.name] = sched
         log.info(
-            "HAPI devices: %s",
+            "HAPI devices: %s; %d core(s): %d decode thread(s), %d torch thread(s); decode %s, "
+            "channels_last %s",
             ", ".join(f"{d.name} ({d.total_bytes / 2**30:.1f} GiB)" for d in devices),
+            cores,
+            decode_threads,
+            torch_threads,
+            settings.decode_path,
+            "where faster" if settings.channels_last else "off",
         )
         return cls(
             settings=settings,
@@ -105,6 +111,8 @@ class CoreRuntime:
             features=FeatureStore(
                 settings.feature_store_bytes, settings.feature_store_dir, metrics
             ),
+            decode_pool=DecodePool(decode_threads),
+            layouts=LayoutChooser(settings.channels_last),
             **extra,
         )
 

@@ -133,12 +133,14 @@ def test_the_pool_runs_tasks_in_submission_order_across_jobs() -> None:
 
 def test_a_decode_error_reaches_the_job_named() -> None:
     cut = _jpeg(9)
-    images = [_jpeg(0), _jpeg(1), cut[: len(cut) // 2]]
+    # Mid-batch: the batch's later images are still in the pool when the job hears of it.
+    images = [_jpeg(0), _jpeg(1), cut[: len(cut) // 2], *[_jpeg(i) for i in range(3, 12)]]
     job = _job(
-        hapi_models.InputTransform(resize=32, crop=32), DecodePool(1), 3, torch.nn.Identity()
+        hapi_models.InputTransform(resize=32, crop=32), DecodePool(1), 12, torch.nn.Identity()
     )
     job.images = images
-    job.names = ["c/0.jpg", "c/1.jpg", "c/2.jpg"]
+    job.batch_size = 12
+    job.names = [f"c/{i}.jpg" for i in range(12)]
     with pytest.raises(hapi_models.ImageDecodeError, match=r"^c/2\.jpg: cannot decode image"):
         run_extraction(job, lambda frame: None, threading.Event())
     assert job.decode_pool is not None and job.decode_pool.pending(job.token) == (0, 0)
@@ -161,3 +163,20 @@ def test_decode_and_torch_threads_never_exceed_the_cores(
     d, t = split_threads(cores, decode, torch_n)
     assert d >= 0 and t >= 1
     assert d + t <= cores
+
+
+def test_the_runtime_shares_its_cores_between_decode_and_torch() -> None:
+    from hapi_core.runtime import CoreRuntime
+    from hapi_core.settings import CoreSettings
+
+    before = torch.get_num_threads()
+    try:
+        settings = CoreSettings(cores=4, channels_last=False, decode_path="pil")
+        rt = CoreRuntime.create(settings)
+        assert rt.decode_pool.threads == 2 and torch.get_num_threads() == 2
+        assert rt.layouts.enabled is False
+        options = rt.engine_options()
+        assert options["decode_pool"] is rt.decode_pool and options["decode_path"] == "pil"
+        rt.decode_pool.close()
+    finally:
+        torch.set_num_threads(before)

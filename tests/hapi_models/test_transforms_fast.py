@@ -90,9 +90,11 @@ def test_a_truncated_jpeg_is_refused_by_name_on_the_fast_path() -> None:
 
 
 def test_a_large_jpeg_decodes_at_a_reduced_scale_close_to_the_full_decode() -> None:
-    # 256x192 to a 40-pixel shorter side: libjpeg decodes at 1/4 scale (64x48), then resizes.
+    # 256x192 to a 40-pixel shorter side: libjpeg decodes at 1/2 scale (128x96, at least twice
+    # the target), then the resize does the rest.
     data = _encode(_photo(256, 192), "JPEG", quality=95)
-    assert tuple(hm.decode_pixels(data, resize=40).shape) == (3, 48, 64)
+    assert tuple(hm.decode_pixels(data, resize=40).shape) == (3, 96, 128)
+    assert tuple(hm.decode_pixels(data, resize=60).shape) == (3, 192, 256)  # under 4x: whole
     assert tuple(hm.decode_pixels(data).shape) == (3, 192, 256)
     fast = T.decode_batch([data])
     old = T.decode_batch([data], path="pil")

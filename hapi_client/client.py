@@ -24,7 +24,14 @@ from .throttle import TokenBucket
 from .transport import HapiTransport
 
 if TYPE_CHECKING:
-    from .finetune import run_finetune
+    from pathlib import Path
+
+    import hapi_models
+
+    from .defaults import Mode
+    from .finetune import FinetuneResult
+    from .model_store import StoredModel
+    from .options import ExtractOptions, TrainOptions
 
 
 class HapiClient:
@@ -83,21 +90,54 @@ class HapiClient:
         except DatasetError as exc:
             raise SwiftAccessError(str(exc)) from exc
 
-    if TYPE_CHECKING:  # what type checkers see: the recipe's own signature
-        finetune = run_finetune
-    else:
+    # The recipe's parameters, spelled out so that help(), a notebook's completion and type
+    # checkers all see them; tests/hapi_client/test_client_layering.py keeps them equal to
+    # run_finetune's.
+    def finetune(
+        self,
+        *,
+        model: str | StoredModel,
+        container: str,
+        eval_container: str | None = None,
+        mode: Mode = "hapi",
+        train: TrainOptions | None = None,
+        extract: ExtractOptions | None = None,
+        num_classes: int | None = None,
+        transform: hapi_models.InputTransform | None = None,
+        device: str = "cpu",
+        progress: bool = True,
+        max_iterations: int | None = None,
+        verify_fraction: float = 0.0,
+        preflight: bool = True,
+        checkpoint_dir: str | Path | None = None,
+        checkpoint_every: int | None = None,
+    ) -> FinetuneResult:
+        """The recipe on this connection: :func:`~hapi_client.finetune.run_finetune` (its
+        docstring says what each parameter does).
 
-        def finetune(self, **kwargs):
-            """The recipe on this connection: ``run_finetune(client, **kwargs)``.
+        The recipe is imported only when called (the connection does not load the trainer).
+        For a loop of your own, use :class:`~hapi_client.FeatureDataset` instead.
+        """
+        from .finetune import run_finetune  # the recipe sits above the connection
 
-            A convenience kept for ``client.finetune(model=..., container=..., ...)``; the
-            recipe, :func:`~hapi_client.finetune.run_finetune`, is imported only when called (the
-            connection does not load the trainer). For a loop of your own, use
-            :class:`~hapi_client.FeatureDataset` instead.
-            """
-            from .finetune import run_finetune  # the recipe sits above the connection
-
-            return run_finetune(self, **kwargs)
+        return run_finetune(
+            self,
+            model=model,
+            container=container,
+            eval_container=eval_container,
+            mode=mode,
+            train=train,
+            extract=extract,
+            num_classes=num_classes,
+            transform=transform,
+            device=device,
+            progress=progress,
+            max_iterations=max_iterations,
+            verify_fraction=verify_fraction,
+            preflight=preflight,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
+        )
 
     def close(self) -> None:
         self.transport.close()

@@ -63,7 +63,6 @@ __all__ = [
     "FrameDecoder",
     "FrameEncoder",
     "aiter_frames",
-    "encode_batch",
     "encode_end",
     "encode_error",
     "iter_frames",
@@ -319,28 +318,6 @@ def _encode_batch(
     }
     payload_len = len(wire) + label_raw.nbytes
     return _frame(header, wire, label_raw), count, payload_len
-
-
-def encode_batch(
-    features: torch.Tensor,
-    labels: torch.Tensor,
-    offset: int,
-    *,
-    dtype: OutputDtype,
-    compression: Compression,
-    meta: dict[str, Any] | None = None,
-    zstd_level: int = 1,
-) -> bytes:
-    """Encode one batch frame.
-
-    ``features`` (any float dtype, any device, first dim = samples) is cast to ``dtype``;
-    ``labels`` (1-D integers) travel as int64. ``offset`` is the index of the first sample in
-    the shard. ``zstd_level`` defaults to 1: activations compress only modestly, and level 1
-    is about twice as fast as level 3 for a few percent less ratio. Prefer
-    :class:`FrameEncoder`, which also keeps the totals for the end frame.
-    """
-    frame, _, _ = _encode_batch(features, labels, offset, dtype, compression, meta, zstd_level)
-    return frame
 
 
 def encode_end(

@@ -32,7 +32,6 @@ from hapi_contract.frames import (
     FrameDecoder,
     FrameEncoder,
     aiter_frames,
-    encode_batch,
     encode_end,
     encode_error,
     iter_frames,
@@ -189,8 +188,12 @@ def test_encoder_accepts_awkward_inputs() -> None:
 def test_zstd_shrinks_sparse_activations() -> None:
     feats = torch.relu(torch.randn(8, 64, 6, 6))
     labels = torch.zeros(8, dtype=torch.int64)
-    raw = encode_batch(feats, labels, 0, dtype=OutputDtype.FLOAT32, compression=Compression.NONE)
-    packed = encode_batch(feats, labels, 0, dtype=OutputDtype.FLOAT32, compression=Compression.ZSTD)
+    raw = FrameEncoder(dtype=OutputDtype.FLOAT32, compression=Compression.NONE).batch(
+        feats, labels, 0
+    )
+    packed = FrameEncoder(dtype=OutputDtype.FLOAT32, compression=Compression.ZSTD).batch(
+        feats, labels, 0
+    )
     assert len(packed) < len(raw)
     header, _ = split_frame(packed)
     assert header["features"]["codec"] == "zstd"
@@ -516,24 +519,23 @@ def test_encoder_error_is_a_plain_error_frame() -> None:
         (torch.zeros(2, 3), torch.zeros(2, dtype=torch.int64), True, ValueError, "offset"),
     ],
 )
-def test_encode_batch_rejects_bad_arguments(
+def test_a_batch_with_bad_arguments_is_refused(
     features: torch.Tensor, labels: torch.Tensor, offset: int, error: type, message: str
 ) -> None:
+    encoder = FrameEncoder(dtype=OutputDtype.FLOAT32, compression=Compression.NONE)
     with pytest.raises(error, match=message):
-        encode_batch(
-            features, labels, offset, dtype=OutputDtype.FLOAT32, compression=Compression.NONE
-        )
+        encoder.batch(features, labels, offset)
 
 
 def test_meta_must_be_small_strict_json() -> None:
     args = (torch.zeros(1, 2), torch.zeros(1, dtype=torch.int64), 0)
-    kw: dict[str, Any] = {"dtype": OutputDtype.FLOAT32, "compression": Compression.NONE}
+    encoder = FrameEncoder(dtype=OutputDtype.FLOAT32, compression=Compression.NONE)
     with pytest.raises(ValueError, match="not strict JSON"):
-        encode_batch(*args, meta={"t": float("nan")}, **kw)
+        encoder.batch(*args, meta={"t": float("nan")})
     with pytest.raises(ValueError, match="not strict JSON"):
-        encode_batch(*args, meta={"t": object()}, **kw)
+        encoder.batch(*args, meta={"t": object()})
     with pytest.raises(ValueError, match="shrink meta"):
-        encode_batch(*args, meta={"t": "x" * 70_000}, **kw)
+        encoder.batch(*args, meta={"t": "x" * 70_000})
     with pytest.raises(ValueError, match="totals"):
         encode_end(samples=-1, frames=0, payload_bytes=0)
     with pytest.raises(ValueError, match="HTTP status"):

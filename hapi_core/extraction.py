@@ -77,7 +77,6 @@ __all__ = [
     "prepare_extraction",
     "read_named_samples",
     "read_samples",
-    "read_shard",
     "release_model",
     "reserve_and_load",
     "source_of",
@@ -272,14 +271,6 @@ def _perform_read(
                 if isinstance(answer, list) and answer and isinstance(answer[0], PartEntry):
                     declared = sum(entry.bytes for entry in answer)
         del step
-
-
-def read_shard(
-    rt: CoreRuntime, container: str, shard: str, num_classes: int
-) -> Flow[tuple[list[bytes], list[int]]]:
-    """An uploaded shard's images and labels, read as the caller and checked (format, counts,
-    headers): :func:`read_samples` of the ``shards`` layout."""
-    return (yield from read_samples(rt, ShardSource(container, shard), num_classes))
 
 
 def load_planned(

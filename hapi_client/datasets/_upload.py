@@ -34,7 +34,6 @@ from .errors import CorruptDatasetError, DatasetError, DatasetNotFoundError, Sou
 __all__ = [
     "PutResult",
     "UploadResult",
-    "fetch_shard",
     "load_manifest",
     "put_object_idempotent",
     "put_object_if_changed",
@@ -351,28 +350,3 @@ def _container_exists(conn: Connection, container: str) -> bool:
                 return False
             raise
     return True
-
-
-def fetch_shard(conn: Connection, container: str, shard: ShardInfo) -> bytes:
-    """Download one shard listed in a manifest and check it is the one the manifest describes.
-
-    Raises:
-        DatasetNotFoundError: the shard object does not exist.
-        CorruptDatasetError: its size or MD5 differs from the manifest entry.
-        SwiftError: (a subclass for) another Swift failure.
-    """
-    with swift_errors(conn, f"GET {container}/{shard.name}"):
-        try:
-            _, data = conn.get_object(container, shard.name)
-        except ClientException as exc:
-            if is_not_found(exc):
-                raise DatasetNotFoundError(
-                    f"shard {container}/{shard.name} listed in the manifest does not exist"
-                ) from exc
-            raise
-    if len(data) != shard.bytes or md5_hex(data) != shard.etag:
-        raise CorruptDatasetError(
-            f"shard {container}/{shard.name} does not match the manifest "
-            f"({len(data)} bytes, md5 {md5_hex(data)}; expected {shard.bytes}, {shard.etag})"
-        )
-    return bytes(data)

@@ -23,6 +23,7 @@ from .devices import (
     resident_in_use_bytes,
 )
 from .estimates import MemoryEstimator
+from .host_allocator import bound_host_allocator
 from .layout import LayoutChooser
 from .metrics import Metrics
 from .settings import CoreSettings
@@ -57,6 +58,9 @@ class CoreRuntime:
         """Discover the devices and set torch up as ``settings`` say; ``timers`` start the
         schedulers' planning rounds (default: the running asyncio loop). ``extra``: the fields
         a subclass adds."""
+        # Before the pools' threads start: freed request memory must leave the process or be
+        # reused, else the resident size outgrows the plan (see host_allocator).
+        bound_host_allocator()
         # Decode and torch's intra-op threads share the cores given: oversubscribed, the
         # head's threads and the decode's preempt each other and both slow down.
         cores = settings.cores or available_cores()

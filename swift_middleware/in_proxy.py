@@ -49,6 +49,7 @@ from hapi_contract import (
     TimingsRequest,
 )
 from hapi_core.errors import InvalidRequestError
+from hapi_core.host_allocator import bound_host_allocator
 from swift_middleware.config import Execution, FilterConfig
 from swift_middleware.hapi_request import HapiRequest, object_path
 from swift_middleware.slots import Slots
@@ -377,6 +378,9 @@ class InProxyExtractor:
         self.config = config
         self.app = app
         self.logger = logger
+        # Now, while the proxy loads its filters: glibc fixes its arena limit when a second
+        # thread first needs an arena, and the pool threads that would are not started yet.
+        bound_host_allocator()
         self._runtime: CoreRuntime | None = None
         self._runtime_lock = Semaphore(1)
         self._slots = Slots(

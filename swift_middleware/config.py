@@ -1,23 +1,91 @@
-"""The options of the ``[filter:hapi]`` section, parsed and checked once at proxy start."""
+"""The options of the ``[filter:hapi]`` section, parsed and checked once at proxy start.
+
+Two kinds of options. The filter's own (where it sends requests and how long it waits) are the
+fields of :class:`FilterConfig`. The in-proxy execution's are the extraction core's settings,
+:class:`hapi_core.CoreSettings`, declared there once: every core field is an option
+(:data:`IN_PROXY_OPTIONS` maps each option to its field; four keep the names they had before
+the core existed), with the core's type, checks and meaning. Only the defaults in
+:data:`PROXY_DEFAULTS` differ from the HAPI server's, each with its reason.
+"""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Annotated, Any
+from types import MappingProxyType
+from typing import Annotated, Any, NamedTuple
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from hapi_core.settings import CoreSettings, GiB, MiB
 from swift_middleware.errors import FilterConfigError
 
-__all__ = ["Execution", "FilterConfig"]
+__all__ = ["IN_PROXY_OPTIONS", "PROXY_DEFAULTS", "Execution", "FilterConfig", "ProxyDefault"]
 
 # Options every Swift filter section may carry that are not ours (paste wiring and logging).
 _FOREIGN_OPTION = re.compile(r"^(use|paste\.filter_factory|log_\w+|set \S+|__\w+__|here)$")
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+# The in-proxy options named before the core existed: core field -> option. A rename would
+# break every proxy-server.conf that sets them.
+_OPTION_NAMES: Mapping[str, str] = {
+    "cpu_memory_budget_bytes": "memory_budget_bytes",
+    "max_concurrent_per_device": "max_concurrent",
+    "request_timeout_s": "request_timeout",
+    "retry_after_s": "retry_after",
+}
+# ``devices`` is no option: the proxy runs on one device, named by the filter's ``device``.
+_NOT_OPTIONS = frozenset({"devices"})
+
+IN_PROXY_OPTIONS: Mapping[str, str] = MappingProxyType(
+    {
+        _OPTION_NAMES.get(field, field): field
+        for field in CoreSettings.model_fields
+        if field not in _NOT_OPTIONS
+    }
+)
+"""Every in-proxy option (as ``proxy-server.conf`` names it) -> its :class:`CoreSettings` field."""
+
+
+class ProxyDefault(NamedTuple):
+    """An in-proxy default that differs from the core's (the HAPI server's)."""
+
+    value: object
+    reason: str
+
+
+PROXY_DEFAULTS: Mapping[str, ProxyDefault] = MappingProxyType(
+    {
+        "memory_budget_bytes": ProxyDefault(
+            2 * GiB,
+            "the proxy's memory also serves every plain Swift request, and each proxy worker "
+            "plans a budget of its own",
+        ),
+        "max_concurrent": ProxyDefault(
+            2, "extractions share the proxy worker's cores with its routing of all other traffic"
+        ),
+        "queue_limit": ProxyDefault(
+            64,
+            "each waiting request holds a proxy connection; a busy proxy answers 503 sooner",
+        ),
+        "retry_after": ProxyDefault(
+            5,
+            "also the Retry-After when no HAPI server is up (decoupled), which is not checked "
+            "again before health_check_interval (5 s)",
+        ),
+        "weights_cache_bytes": ProxyDefault(
+            1 * GiB, "idle models stay in every proxy worker's memory beside Swift's own"
+        ),
+        "feature_store_bytes": ProxyDefault(
+            0,
+            "each proxy worker would keep a store of its own; decoupled execution already "
+            "shares through the HAPI server's store",
+        ),
+    }
+)
+"""In-proxy option -> its default where it differs from :class:`CoreSettings`', and why."""
 
 
 class Execution(StrEnum):
@@ -35,48 +103,57 @@ def _split_list(value: object) -> object:
     return value
 
 
+def _proxy_core_settings() -> CoreSettings:
+    return CoreSettings.model_validate(
+        {IN_PROXY_OPTIONS[name]: default.value for name, default in PROXY_DEFAULTS.items()}
+    )
+
+
 class FilterConfig(BaseModel):
-    """Options of the filter (names as in ``proxy-server.conf``; times in seconds).
+    """The filter's own options (names as in ``proxy-server.conf``; times in seconds) and, in
+    :meth:`core_settings`, the in-proxy execution's.
 
     Build it with :meth:`from_conf`, which accepts the strings paste hands over.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    execution: Execution = Execution.DECOUPLED
-    hapi_servers: list[str] = Field(default_factory=list)
-    swift_url: str | None = None
-    max_body_bytes: Annotated[int, Field(ge=1024, le=64 * MiB)] = 1 * MiB
-    health_check_interval: Annotated[float, Field(ge=0, le=3600)] = 5.0
-    health_timeout: Annotated[float, Field(gt=0, le=60)] = 2.0
-    conn_timeout: Annotated[float, Field(gt=0, le=600)] = 5.0
-    node_timeout: Annotated[float, Field(gt=0, le=86400)] = 600.0
-    retry_after: Annotated[int, Field(ge=1, le=3600)] = 5
-    # In-proxy execution only (see :meth:`core_settings`).
-    device: str = "auto"
-    torch_threads: Annotated[int, Field(ge=1, le=1024)] | None = None
-    max_concurrent: Annotated[int, Field(ge=1, le=1024)] = 2
-    memory_budget_bytes: Annotated[int, Field(ge=16 * MiB)] = 2 * GiB
-    framework_reserve_bytes: Annotated[int, Field(ge=0)] = 256 * MiB
-    # On a CPU, the proxy's resident memory beyond the planned requests counts as occupied:
-    # what earlier requests left behind (the proxy's own, malloc's) is not the budget's to give.
-    count_process_memory: bool = True
-    gpu_memory_limit_bytes: Annotated[int, Field(ge=16 * MiB)] | None = None
-    b_min: Annotated[int, Field(ge=1)] = 25
-    queue_limit: Annotated[int, Field(ge=1)] = 64
-    request_timeout: Annotated[float, Field(gt=0)] = 600.0
-    # A client that takes no frame of its stream for this long is cut off: its slot and memory
-    # are freed instead of waiting on a reader that may never come back.
-    send_timeout: Annotated[float, Field(gt=0, le=86400)] = 60.0
-    weights_cache_bytes: Annotated[int, Field(ge=0)] = 1 * GiB
-    # Features computed once for identical in-proxy requests (hapi_core.shared_features).
-    feature_store_bytes: Annotated[int, Field(ge=0)] = 0
-    max_object_bytes: Annotated[int, Field(ge=1024)] = 1 * GiB
-    max_weights_bytes: Annotated[int, Field(ge=1024)] = 2 * GiB
-    max_image_pixels: Annotated[int, Field(ge=1)] = 40_000_000
-    max_samples_per_request: Annotated[int, Field(ge=1)] = 10_000
-    max_image_bytes: Annotated[int, Field(ge=1024)] = 16 * MiB
-    object_read_concurrency: Annotated[int, Field(ge=1, le=1024)] = 16
+    execution: Execution = Field(
+        Execution.DECOUPLED, description="``decoupled`` (HAPI servers) or ``in_proxy``"
+    )
+    hapi_servers: list[str] = Field(
+        default_factory=list,
+        description="HAPI server base URLs, comma or space separated (required with "
+        "execution = decoupled)",
+    )
+    swift_url: str | None = Field(
+        None,
+        description="this Swift's base URL as the HAPI servers reach it; sent to them as "
+        "``X-Storage-Url`` + ``/v1/<account>`` (default: the request's URL)",
+    )
+    max_body_bytes: Annotated[int, Field(ge=1024, le=64 * MiB)] = Field(
+        1 * MiB, description="largest HAPI request body"
+    )
+    health_check_interval: Annotated[float, Field(ge=0, le=3600)] = Field(
+        5.0, description="seconds a ``/healthz`` result is trusted"
+    )
+    health_timeout: Annotated[float, Field(gt=0, le=60)] = Field(
+        2.0, description="seconds for one ``/healthz`` check"
+    )
+    conn_timeout: Annotated[float, Field(gt=0, le=600)] = Field(
+        5.0, description="seconds to connect to a HAPI server"
+    )
+    node_timeout: Annotated[float, Field(gt=0, le=86400)] = Field(
+        600.0, description="seconds to wait for each read from a HAPI server"
+    )
+    device: str = Field("auto", description="in_proxy: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``")
+    send_timeout: Annotated[float, Field(gt=0, le=86400)] = Field(
+        60.0,
+        description="in_proxy: a client that takes no frame for this long is cut off (its slot "
+        "and memory freed; the server's ``HAPI_SEND_TIMEOUT_S``)",
+    )
+
+    _core: CoreSettings = PrivateAttr(default_factory=_proxy_core_settings)
 
     @field_validator("hapi_servers", mode="before")
     @classmethod
@@ -100,11 +177,6 @@ class FilterConfig(BaseModel):
             return None
         return _base_url(value, "swift_url")
 
-    @field_validator("torch_threads", "gpu_memory_limit_bytes", mode="before")
-    @classmethod
-    def _empty_is_none(cls, value: object) -> object:
-        return None if value == "" else value
-
     @field_validator("device")
     @classmethod
     def _device_name(cls, value: str) -> str:
@@ -112,32 +184,34 @@ class FilterConfig(BaseModel):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {value!r}")
         return value
 
+    # What the filter itself reads of the in-proxy options (its slots and the decoupled 503).
+    @property
+    def max_concurrent(self) -> int:
+        return self._core.max_concurrent_per_device
+
+    @property
+    def queue_limit(self) -> int:
+        return self._core.queue_limit
+
+    @property
+    def request_timeout(self) -> float:
+        return self._core.request_timeout_s
+
+    @property
+    def retry_after(self) -> int:
+        return self._core.retry_after_s
+
     def core_settings(self) -> CoreSettings:
         """The extraction core's settings of the in-proxy execution: the HAPI server's batch
         adaptation, with ``memory_budget_bytes`` as the CPU device's total (a GPU's comes from
         NVML), so a request that does not fit is refused as the server refuses it."""
         devices = {"auto": None, "cuda": "cuda:0"}.get(self.device, self.device)
-        return CoreSettings(
-            devices=devices,
-            cpu_memory_budget_bytes=self.memory_budget_bytes,
-            gpu_memory_limit_bytes=self.gpu_memory_limit_bytes,
-            framework_reserve_bytes=self.framework_reserve_bytes,
-            count_process_memory=self.count_process_memory,
-            max_concurrent_per_device=self.max_concurrent,
-            torch_threads=self.torch_threads,
-            b_min=self.b_min,
-            queue_limit=self.queue_limit,
-            request_timeout_s=self.request_timeout,
-            retry_after_s=self.retry_after,
-            weights_cache_bytes=self.weights_cache_bytes,
-            feature_store_bytes=self.feature_store_bytes,
-            max_object_bytes=self.max_object_bytes,
-            max_weights_bytes=self.max_weights_bytes,
-            max_image_pixels=self.max_image_pixels,
-            max_samples_per_request=self.max_samples_per_request,
-            max_image_bytes=self.max_image_bytes,
-            object_read_concurrency=self.object_read_concurrency,
-        )
+        return self._core.model_copy(update={"devices": devices})
+
+    @classmethod
+    def options(cls) -> frozenset[str]:
+        """Every option name of the ``[filter:hapi]`` section."""
+        return frozenset(cls.model_fields) | frozenset(IN_PROXY_OPTIONS)
 
     @classmethod
     def from_paste(
@@ -146,28 +220,66 @@ class FilterConfig(BaseModel):
         """The options as Swift's own middlewares read them: ``global_conf``, then the filter's
         section over it. ``[DEFAULT]`` holds the whole proxy's options, so only ours are taken
         from there; in the filter's own section an unknown option is refused (a typo)."""
-        merged: dict[str, Any] = {k: v for k, v in global_conf.items() if k in cls.model_fields}
+        ours = cls.options()
+        merged: dict[str, Any] = {k: v for k, v in global_conf.items() if k in ours}
         merged.update(local_conf)
         return cls.from_conf(merged)
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, object]) -> FilterConfig:
-        """Parse the filter's own section (``local_conf``); FilterConfigError on any problem."""
-        ours = {k: v for k, v in conf.items() if not _FOREIGN_OPTION.match(k)}
+        """Parse the filter's own section (``local_conf``); FilterConfigError on any problem,
+        naming every option at fault."""
+        own: dict[str, object] = {}
+        core: dict[str, object] = {
+            IN_PROXY_OPTIONS[name]: default.value for name, default in PROXY_DEFAULTS.items()
+        }
+        for name, value in conf.items():
+            if _FOREIGN_OPTION.match(name):
+                continue
+            field = IN_PROXY_OPTIONS.get(name)
+            if field is None:
+                own[name] = value  # the filter's own, or unknown: extra="forbid" names it
+            else:
+                core[field] = _blank_is_unset(CoreSettings, field, value)
+        problems: list[str] = []
+        config = None
         try:
-            config = cls.model_validate(ours)
+            config = cls.model_validate({k: _blank_is_unset(cls, k, v) for k, v in own.items()})
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'options'}: {e['msg']}"
-                for e in exc.errors()
-            )
-            raise FilterConfigError(f"[filter:hapi] {problems}") from None
+            problems += _problems(exc, {})
+        try:
+            core_settings = CoreSettings.model_validate(core)
+        except ValidationError as exc:
+            problems += _problems(exc, {f: n for n, f in IN_PROXY_OPTIONS.items()})
+        if problems or config is None:
+            raise FilterConfigError(f"[filter:hapi] {'; '.join(problems)}")
+        config._core = core_settings
         if config.execution is Execution.DECOUPLED and not config.hapi_servers:
             raise FilterConfigError(
                 "[filter:hapi] hapi_servers is required with execution = decoupled "
                 "(e.g. hapi_servers = http://127.0.0.1:8090)"
             )
         return config
+
+
+def _blank_is_unset(model: type[BaseModel], name: str, value: object) -> object:
+    """``name =`` with nothing after it is the option's unset default where that is None
+    (paste hands over the empty string, which no number parses)."""
+    field = model.model_fields.get(name)
+    if value == "" and field is not None and field.default is None:
+        return None
+    return value
+
+
+def _problems(exc: ValidationError, option_of: Mapping[str, str]) -> list[str]:
+    """One ``option: message`` per error, named as ``proxy-server.conf`` names the option."""
+    out = []
+    for error in exc.errors():
+        loc = [str(p) for p in error["loc"]]
+        if loc:
+            loc[0] = option_of.get(loc[0], loc[0])
+        out.append(f"{'.'.join(loc) or 'options'}: {error['msg']}")
+    return out
 
 
 def _base_url(url: str, option: str) -> str:

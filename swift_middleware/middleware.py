@@ -32,49 +32,110 @@ Put it after the auth filter::
     [filter:hapi]
     use = egg:hapi#hapi
 
-==========================  ===========  ======================================================
+Every option is checked at proxy start: a bad value stops the proxy with a ``FilterConfigError``
+naming the option. The tables below write out the declaration of :mod:`swift_middleware.config`
+(``tests/swift_middleware/test_mw_config.py`` keeps them equal to it).
+
+.. options-table:start
+
+The filter's own options:
+
+==========================  ===========  ===========================================================
 Option                      Default      Meaning
-==========================  ===========  ======================================================
+==========================  ===========  ===========================================================
 execution                   decoupled    ``decoupled`` (HAPI servers) or ``in_proxy``
-hapi_servers                (required)   HAPI server base URLs, comma or space separated
-                                         (decoupled only)
-swift_url                   request URL  this Swift's base URL as the HAPI servers reach it;
-                                         sent to them as ``X-Storage-Url`` + ``/v1/<account>``
-max_body_bytes              1048576      largest HAPI request body
+hapi_servers                (none)       HAPI server base URLs, comma or space separated (required
+                                         with execution = decoupled)
+swift_url                   (none)       this Swift's base URL as the HAPI servers reach it; sent to
+                                         them as ``X-Storage-Url`` + ``/v1/<account>`` (default: the
+                                         request's URL)
+max_body_bytes              1 MiB        largest HAPI request body
 health_check_interval       5            seconds a ``/healthz`` result is trusted
 health_timeout              2            seconds for one ``/healthz`` check
 conn_timeout                5            seconds to connect to a HAPI server
 node_timeout                600          seconds to wait for each read from a HAPI server
-retry_after                 5            ``Retry-After`` of the 503 when no server is up
 device                      auto         in_proxy: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``
-torch_threads               torch's      in_proxy: torch intra-op threads
-max_concurrent              2            in_proxy: extractions running at once (others wait,
-                                         at most queue_limit of them)
-memory_budget_bytes         2 GiB        in_proxy: memory the extractions may plan on the CPU
-                                         (a GPU's total comes from NVML)
-framework_reserve_bytes     256 MiB      in_proxy: memory per device never planned
-count_process_memory        true         in_proxy: on a CPU, the proxy's resident memory
-                                         beyond the planned requests counts against the
-                                         budget (false: plan the budget alone)
-gpu_memory_limit_bytes      (none)       in_proxy: cap a GPU's usable memory
-b_min                       25           in_proxy: smallest COS batch the adaptation hands out
-queue_limit                 64           in_proxy: requests waiting for a slot, and for memory,
-                                         before a 503
-request_timeout             600          in_proxy: longest time from arrival to the stream's
-                                         start (slot, reads, memory) before a 504
-send_timeout                60           in_proxy: a client that takes no frame for this long
-                                         is cut off (its slot and memory freed)
-weights_cache_bytes         1 GiB        in_proxy: idle verified models kept loaded
-feature_store_bytes         0            in_proxy: features kept and shared by identical
-                                         requests, after each caller's own HEADs (0: off)
-max_object_bytes            1 GiB        in_proxy: largest shard
-max_weights_bytes           2 GiB        in_proxy: largest weights object
-max_image_pixels            40000000     in_proxy: largest image
-max_samples_per_request     10000        in_proxy: most samples in a shard
-max_image_bytes             16 MiB       in_proxy: largest image object (in place) or tar member
-object_read_concurrency     16           in_proxy: image objects of a folder dataset's part one
-                                         request reads at once (GET subrequests)
-==========================  ===========  ======================================================
+send_timeout                60           in_proxy: a client that takes no frame for this long is cut
+                                         off (its slot and memory freed; the server's
+                                         ``HAPI_SEND_TIMEOUT_S``)
+==========================  ===========  ===========================================================
+
+The in-proxy options: the extraction core's settings (:class:`hapi_core.CoreSettings`),
+with its checks and meanings, under these names:
+
+==========================  ===========  ===========================================================
+Option                      Default      Meaning
+==========================  ===========  ===========================================================
+adaptation                  true         off: every request runs at its b_max, unchecked
+b_min                       25           smallest COS batch the adaptation hands out
+adaptation_window_s         0.005        how long a round waits to gather requests arriving together
+memory_budget_bytes         2 GiB *      M_total of the cpu device (a GPU's comes from NVML) (the
+                                         core's ``cpu_memory_budget_bytes``)
+gpu_memory_limit_bytes      (none)       cap a GPU's usable memory (testing)
+count_process_memory        true         on a CPU, count the process's resident memory beyond the
+                                         reserve, the planned requests and the resident weights as
+                                         occupied (off: plan the budget alone)
+memory_sample_interval_s    0.01         how often the process's resident memory is sampled
+framework_reserve_bytes     256 MiB      memory per device never planned (framework, allocator)
+max_concurrent              2 *          worker threads per device (image checks, decode and
+                                         compute) (the core's ``max_concurrent_per_device``)
+torch_threads               (none)       torch intra-op threads; default: the cores decode leaves
+cores                       (none)       cores the decode threads and torch's intra-op threads share
+                                         (their sum never exceeds it); default: the cores this
+                                         process may run on (its affinity)
+decode_threads              (none)       threads that decode the next COS batch of every request
+                                         while the head runs (one FIFO pool); default: half the
+                                         cores; 0: each request decodes in its own thread, with no
+                                         overlap
+decode_path                 fast         fast: libjpeg-turbo into uint8 and batched normalisation;
+                                         pil: the previous PIL path (for the roofline benchmark's
+                                         comparison)
+channels_last               true         run each head on a channels_last input where that measured
+                                         faster (once per architecture, split, input shape and
+                                         device)
+allow_tf32                  false        let a GPU run float32 convolutions and matmuls in TF32
+                                         (faster, ~1e-3 relative error): off, a float32 request gets
+                                         float32 features that the client's own layers reproduce to
+                                         float32 rounding
+max_object_bytes            1 GiB        largest shard object (413)
+max_weights_bytes           2 GiB        largest weights object (413)
+max_image_pixels            40000000     largest image, width x height (413)
+max_samples_per_request     10000        most samples in one shard (413)
+max_image_bytes             16 MiB       largest image object or tar member, in place (413/422)
+object_read_concurrency     16           image objects of a folder dataset's part one request reads
+                                         at once
+queue_limit                 64 *         waiting requests per device before 503
+request_timeout             600          longest wait for memory before 504 (the core's
+                                         ``request_timeout_s``)
+retry_after                 5 *          Retry-After of a 503 (queue full) (the core's
+                                         ``retry_after_s``)
+weights_cache_bytes         1 GiB *      idle weights kept loaded
+feature_store_bytes         0 *          computed features kept for other requests of the same
+                                         shard, weights, split, transform and dtype (least recently
+                                         used evicted), and the most that computations in flight
+                                         copy for them; 0: no store and no coalescing of concurrent
+                                         identical requests
+feature_store_dir           (none)       keep the store's features as files in this directory
+                                         instead of memory; one that cannot be written turns the
+                                         store off (logged once)
+==========================  ===========  ===========================================================
+
+Defaults marked * differ from the HAPI server's:
+
+- ``memory_budget_bytes`` 2 GiB (server: 4 GiB): the proxy's memory also serves every plain Swift
+  request, and each proxy worker plans a budget of its own.
+- ``max_concurrent`` 2 (server: 8): extractions share the proxy worker's cores with its routing of
+  all other traffic.
+- ``queue_limit`` 64 (server: 256): each waiting request holds a proxy connection; a busy proxy
+  answers 503 sooner.
+- ``retry_after`` 5 (server: 2): also the Retry-After when no HAPI server is up (decoupled), which
+  is not checked again before health_check_interval (5 s).
+- ``weights_cache_bytes`` 1 GiB (server: 2 GiB): idle models stay in every proxy worker's memory
+  beside Swift's own.
+- ``feature_store_bytes`` 0 (server: 256 MiB): each proxy worker would keep a store of its own;
+  decoupled execution already shares through the HAPI server's store.
+
+.. options-table:end
 """
 
 from __future__ import annotations

@@ -103,10 +103,13 @@ def _split_list(value: object) -> object:
     return value
 
 
+def _proxy_defaults() -> dict[str, object]:
+    """The core fields whose in-proxy default differs, with that default."""
+    return {IN_PROXY_OPTIONS[name]: default.value for name, default in PROXY_DEFAULTS.items()}
+
+
 def _proxy_core_settings() -> CoreSettings:
-    return CoreSettings.model_validate(
-        {IN_PROXY_OPTIONS[name]: default.value for name, default in PROXY_DEFAULTS.items()}
-    )
+    return CoreSettings.model_validate(_proxy_defaults())
 
 
 class FilterConfig(BaseModel):
@@ -230,9 +233,7 @@ class FilterConfig(BaseModel):
         """Parse the filter's own section (``local_conf``); FilterConfigError on any problem,
         naming every option at fault."""
         own: dict[str, object] = {}
-        core: dict[str, object] = {
-            IN_PROXY_OPTIONS[name]: default.value for name, default in PROXY_DEFAULTS.items()
-        }
+        core = _proxy_defaults()
         for name, value in conf.items():
             if _FOREIGN_OPTION.match(name):
                 continue

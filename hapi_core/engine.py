@@ -144,7 +144,10 @@ def _submit_decode(job: ExtractionJob, pool: DecodePool, token: object, start: i
             ),
         )
         return _Decoding(start, stop, [task], None)
-    crops = torch.empty((stop - start, *transform.input_shape), dtype=torch.uint8)
+    try:
+        crops = torch.empty((stop - start, *transform.input_shape), dtype=torch.uint8)
+    except RuntimeError as exc:  # the host is out of memory, as in a batch's own tensor work
+        raise BatchExecutionError(str(exc)) from exc
 
     def decode_one(i: int) -> object:
         with hapi_models.named_errors(names, i):

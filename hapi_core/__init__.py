@@ -90,6 +90,7 @@ if TYPE_CHECKING:
         run_async,
         run_blocking,
     )
+    from .host_allocator import bound_host_allocator
     from .metrics import Metrics
     from .runtime import CoreRuntime
     from .settings import CoreSettings
@@ -161,6 +162,7 @@ __all__ = [
     "UnauthorizedError",
     "abandon",
     "admit_model",
+    "bound_host_allocator",
     "build_model",
     "check_token",
     "check_weights",

@@ -19,6 +19,7 @@ large photos, where the fast path decodes a reduced DCT scale). The ``--stages``
 prints the in-process part alone, without a stack::
 
     python -m hapi_bench.scenario_roofline --stages      # decode old vs new, head, one thread
+    python -m hapi_bench.scenario_roofline --stages --engine --per-class 8   # + the engine
 """
 
 from __future__ import annotations
@@ -297,9 +298,74 @@ def run_roofline(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
     return 0
 
 
+#: In-process engine configurations: (decode path, decode threads, torch threads, channels_last).
+ENGINE_CONFIGS: dict[str, tuple[str, int, int, bool]] = {
+    "old: PIL, no overlap, contiguous, torch on all cores": ("pil", 0, 0, False),
+    "old on one torch thread": ("pil", 0, 1, False),
+    "fast + layout, no overlap, torch on all cores": ("fast", 0, 0, True),
+    "new: fast + layout, decode pool + torch (split_threads)": ("fast", -1, -1, True),
+}
+
+
+def engine_paths(images: Sequence[bytes], rounds: int = 3, batch: int = 16) -> dict[str, float]:
+    """Images/s of the engine in this process (no Swift, no HTTP) per configuration, the
+    configurations taking turns; the first round warms (weights, layout choice)."""
+    import threading
+
+    from hapi_contract import Compression, OutputDtype
+    from hapi_contract.frames import FrameEncoder
+    from hapi_core.decode_pool import DecodePool, available_cores, split_threads
+    from hapi_core.devices import Device
+    from hapi_core.engine import ExtractionJob, run_extraction
+    from hapi_core.layout import LayoutChooser
+
+    cores = available_cores()
+    decode_n, torch_n = split_threads(cores, None, None)
+    model = hapi_models.get_model(ARCH, weights="imagenet").eval()
+    transform = hapi_models.get_spec(ARCH).transform
+    setups = {}
+    for name, (path, decode, threads, last) in ENGINE_CONFIGS.items():
+        decode = decode_n if decode < 0 else decode
+        threads = torch_n if threads < 0 else threads or cores
+        setups[name] = (path, DecodePool(decode), threads, LayoutChooser(last))
+    best: dict[str, float] = {}
+    before = torch.get_num_threads()
+    try:
+        for round_ in range(rounds):
+            for name, (path, pool, threads, layouts) in setups.items():
+                torch.set_num_threads(threads)
+                job = ExtractionJob(
+                    model=model,
+                    split=SPLIT,
+                    images=images,
+                    labels=[0] * len(images),
+                    transform=transform,
+                    batch_size=batch,
+                    device=Device("cpu", 8 * 2**30),
+                    max_pixels=10**8,
+                    encoder=FrameEncoder(dtype=OutputDtype.FLOAT32, compression=Compression.NONE),
+                    decode_pool=pool,
+                    decode_path=path,  # type: ignore[arg-type]
+                    layouts=layouts,
+                )
+                started = time.perf_counter()
+                run_extraction(job, lambda frame: None, threading.Event())
+                rate = len(images) / (time.perf_counter() - started)
+                if round_:
+                    best[name] = max(best.get(name, 0.0), rate)
+    finally:
+        torch.set_num_threads(before)
+        for _, pool, _, _ in setups.values():
+            pool.close()
+    return best
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stages", action="store_true", help="the in-process stages only")
+    parser.add_argument(
+        "--engine", action="store_true", help="also the engine's images/s per configuration"
+    )
     parser.add_argument("--per-class", type=int, default=3, help="photos per class (10 classes)")
     args = parser.parse_args(argv)
     if not args.stages:
@@ -312,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{feature_difference(_photos(1, '2000x1500')):.2e} (2000x1500)",
         flush=True,
     )
+    if args.engine:
+        for name, rate in engine_paths(photos).items():
+            print(f"[roofline] engine, {name}: {rate:.1f} images/s", flush=True)
     return 0
 
 

@@ -64,8 +64,10 @@ class CoreRuntime:
         # Decode and torch's intra-op threads share the cores given: oversubscribed, the
         # head's threads and the decode's preempt each other and both slow down.
         cores = settings.cores or available_cores()
+        gpu = settings.devices is None and torch.cuda.is_available()
+        gpu = gpu or "cuda" in (settings.devices or "")
         decode_threads, torch_threads = split_threads(
-            cores, settings.decode_threads, settings.torch_threads
+            cores, settings.decode_threads, settings.torch_threads, gpu=gpu
         )
         torch.set_num_threads(torch_threads)
         # hapi_models imports torchvision lazily (clients that never build a model skip it); a

@@ -63,8 +63,8 @@ class CoreSettings(BaseModel):
         None,
         ge=0,
         description="threads that decode the next COS batch of every request while the head "
-        "runs (one FIFO pool); default: half the cores; 0: each request decodes in its own "
-        "thread, with no overlap",
+        "runs (one FIFO pool); default: all cores but one with a GPU, one per 8 cores on a CPU "
+        "(the head needs them); 0: each request decodes in its own thread, with no overlap",
     )
     decode_path: Literal["fast", "pil"] = Field(
         "fast",

@@ -154,15 +154,22 @@ def test_pipelined_frames_equal_the_inline_ones() -> None:
     assert inline == pooled and len(inline) == 3
 
 
+@pytest.mark.parametrize("gpu", [False, True])
 @pytest.mark.parametrize("cores", [1, 2, 3, 8, 64])
 @pytest.mark.parametrize("decode", [None, 0, 1, 4, 100])
 @pytest.mark.parametrize("torch_n", [None, 1, 4, 100])
 def test_decode_and_torch_threads_never_exceed_the_cores(
-    cores: int, decode: int | None, torch_n: int | None
+    cores: int, decode: int | None, torch_n: int | None, gpu: bool
 ) -> None:
-    d, t = split_threads(cores, decode, torch_n)
+    d, t = split_threads(cores, decode, torch_n, gpu=gpu)
     assert d >= 0 and t >= 1
     assert d + t <= cores
+
+
+def test_a_gpu_host_gives_decode_the_cores_and_a_cpu_host_gives_torch() -> None:
+    assert split_threads(16, None, None, gpu=True) == (15, 1)
+    assert split_threads(16, None, None) == (2, 14)
+    assert split_threads(2, None, None) == (0, 2)
 
 
 def test_the_runtime_shares_its_cores_between_decode_and_torch() -> None:
@@ -171,9 +178,9 @@ def test_the_runtime_shares_its_cores_between_decode_and_torch() -> None:
 
     before = torch.get_num_threads()
     try:
-        settings = CoreSettings(cores=4, channels_last=False, decode_path="pil")
+        settings = CoreSettings(cores=16, channels_last=False, decode_path="pil", devices="cpu")
         rt = CoreRuntime.create(settings)
-        assert rt.decode_pool.threads == 2 and torch.get_num_threads() == 2
+        assert rt.decode_pool.threads == 2 and torch.get_num_threads() == 14
         assert rt.layouts.enabled is False
         options = rt.engine_options()
         assert options["decode_pool"] is rt.decode_pool and options["decode_path"] == "pil"

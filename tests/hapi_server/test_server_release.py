@@ -39,7 +39,9 @@ async def test_on_close_runs_when_the_body_never_starts() -> None:
         started.append(True)
         yield b"never sent"
 
-    response = _ReleasingStreamingResponse(body(), on_close=lambda: closed.append(True))
+    response = _ReleasingStreamingResponse(
+        body(), on_close=lambda: closed.append(True), send_timeout_s=60
+    )
 
     async def send(message: Any) -> None:
         raise OSError("the client is gone")  # what an ASGI 2.4 server does on a dead socket
@@ -51,6 +53,34 @@ async def test_on_close_runs_when_the_body_never_starts() -> None:
     with pytest.raises(ClientDisconnect):
         await response(scope, receive, send)
     assert closed == [True] and started == []
+
+
+async def test_a_client_that_takes_no_frame_is_cut_off_and_released() -> None:
+    """A send that never completes (the client's socket stays full) ends the response after
+    send_timeout_s: on_close runs and the body is closed, with no exception to the server."""
+    closed: list[bool] = []
+    finished: list[bool] = []
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            yield b"a"
+            yield b"b"
+        finally:
+            finished.append(True)
+
+    async def send(message: Any) -> None:
+        if message["type"] == "http.response.body":
+            await asyncio.Event().wait()  # a reader that never reads
+
+    async def receive() -> Any:
+        await asyncio.Event().wait()  # no disconnect either
+        raise AssertionError("unreachable")
+
+    response = _ReleasingStreamingResponse(
+        body(), on_close=lambda: closed.append(True), send_timeout_s=0.05
+    )
+    await response({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, send)
+    assert closed == [True] and finished == [True]
 
 
 async def test_on_close_runs_and_the_body_is_closed_after_a_normal_end() -> None:
@@ -73,7 +103,9 @@ async def test_on_close_runs_and_the_body_is_closed_after_a_normal_end() -> None
         await asyncio.Event().wait()  # no disconnect
         raise AssertionError("unreachable")
 
-    response = _ReleasingStreamingResponse(body(), on_close=lambda: closed.append(True))
+    response = _ReleasingStreamingResponse(
+        body(), on_close=lambda: closed.append(True), send_timeout_s=60
+    )
     await response({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, send)
     assert [m.get("body") for m in sent[1:]] == [b"a", b"b", b""]
     assert closed == [True] and finished == [True]

@@ -84,8 +84,9 @@ cores                       (none)       cores the decode threads and torch's in
                                          (their sum never exceeds it); default: the cores this
                                          process may run on (its affinity)
 decode_threads              (none)       threads that decode the next COS batch of every request
-                                         while the head runs (one FIFO pool); default: half the
-                                         cores; 0: each request decodes in its own thread, with no
+                                         while the head runs (one FIFO pool); default: all cores but
+                                         one with a GPU, one per 8 cores on a CPU (the head needs
+                                         them); 0: each request decodes in its own thread, with no
                                          overlap
 decode_path                 fast         fast: libjpeg-turbo into uint8 and batched normalisation;
                                          pil: the previous PIL path (for the roofline benchmark's

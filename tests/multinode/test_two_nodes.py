@@ -88,14 +88,16 @@ def test_ddp_example_on_two_nodes(
     # Identical parameters on both ranks.
     assert all(len(d) == 1 for d in digests.values()), digests
     assert digests["node-a"] == digests["node-b"]
-    # From outside: the first epoch read each shard once (the ranks' shards are disjoint and
-    # cover the dataset), half of them for each node. Later reads are the second epoch's
-    # shards that changed hands in its new deal (each rank caches only its own features).
+    # From outside: the first epoch asked for each shard once (the ranks' shards are disjoint
+    # and cover the dataset), half of them from each node. Later requests are the second
+    # epoch's shards that changed hands in its new deal (each rank caches only its own
+    # features), and the server answers them from its feature store: Swift is read once per
+    # shard in all (issue 32).
     server_log = node_stack.log_since("hapi-server", mark)
     reads, clients = _shard_reads(server_log), _extract_clients(server_log)
-    assert sorted(reads[:SHARDS]) == [f"shard-{i:06d}" for i in range(SHARDS)]
+    assert sorted(reads) == [f"shard-{i:06d}" for i in range(SHARDS)]
     assert Counter(clients[:SHARDS]) == {n.address: SHARDS // 2 for n in cluster.nodes}
-    assert len(reads) == len(clients) < EPOCHS * SHARDS
+    assert SHARDS <= len(clients) < EPOCHS * SHARDS
 
 
 def _robust_config(node_stack: NodeStack, results: Path) -> DistributedConfig:

@@ -279,8 +279,15 @@ def choose_split_by_time(
     def predicted(t: StageTimes) -> float:
         return t.predicted_s(iterations, job)
 
+    # Planning is spent whichever split wins: the tie band is a share of the time the splits
+    # differ in, or a long planning would widen it past what a prediction can tell apart.
+    shared_s = job.planning_s if job is not None else 0.0
+
+    def differing(t: StageTimes) -> float:
+        return predicted(t) - shared_s
+
     fastest = min(times, key=lambda t: (predicted(t), t.split))
-    near = [t for t in times if predicted(t) <= predicted(fastest) * TIE_TOLERANCE]
+    near = [t for t in times if differing(t) <= differing(fastest) * TIE_TOLERANCE]
     # Among splits a prediction cannot tell apart, the one shipping the fewest bytes leaves
     # more of a shared link to others; where the bytes are the same, the fastest stays.
     winner = min(near, key=lambda t: (t.wire_bytes, predicted(t), t.split))
@@ -292,9 +299,10 @@ def choose_split_by_time(
         over = f"over an epoch of {iterations} iterations"
     reason = f"predicted fastest {over}, {winner.describe(iterations, job)}"
     if winner.split != fastest.split:
-        gain = 1 - predicted(fastest) / predicted(winner)
+        gain = 1 - differing(fastest) / differing(winner)
         reason += (
-            f"; runner-up {fastest.describe(iterations, job)}, predicted {gain:.1%} faster: "
+            f"; runner-up {fastest.describe(iterations, job)}, predicted {gain:.1%} faster"
+            f"{' (planning aside, which every split shares)' if shared_s else ''}: "
             f"within the {TIE_TOLERANCE - 1:.0%} a prediction cannot tell apart, and it ships "
             f"more bytes ({fastest.wire_bytes / 1e6:.2f} MB against "
             f"{winner.wire_bytes / 1e6:.2f} MB per iteration): the one shipping fewer bytes wins"

@@ -188,6 +188,27 @@ def test_the_tie_rule_is_stated_as_applied() -> None:
     assert "0.02 MB against 0.01 MB" in d.reason
 
 
+def test_planning_every_split_shares_does_not_widen_the_tie_band() -> None:
+    """Split 2 is 10 % faster per epoch and ships more bytes: beyond the tie band, so it wins
+    however long planning took. Planning counted in the band's base (10 s against an epoch
+    of 0.2 s) made the two look within 2 % of each other and gave the slower split."""
+    server = ServerCosts(
+        decode_s=0.0, layer_s=[0.0, 0.0], encode_s=[0.0, 0.0], wire_bytes=[1e3, 2e3]
+    )
+    # An epoch of one iteration: split 1 0.22 s (wire 0.05 s, client 0.17 s), split 2 0.2 s.
+    client = ClientCosts(decode_s=1.0, layer_s=[0.0, 0.007], train_s=0.01, step_s=0.0)
+    job = JobShape(iterations=1, planning_s=10.0)
+    d = choose_split_by_time(server, client, 1e5, 10, 200_000.0, 2, job=job)
+    times = {t.split: t for t in d.predictions}
+    assert times[2].epoch_s(1) < times[1].epoch_s(1) / 1.02
+    assert d.split_index == 2
+    # Within the band, planning aside: bytes decide, and the text says what the band applied to.
+    close = ClientCosts(decode_s=1.0, layer_s=[0.0, 0.0051], train_s=0.01, step_s=0.0)
+    tie = choose_split_by_time(server, close, 1e5, 10, 200_000.0, 2, job=job)
+    assert tie.split_index == 1
+    assert "predicted 0.5% faster (planning aside, which every split shares)" in tie.reason
+
+
 def test_fewer_bytes_is_never_claimed_between_equal_bytes() -> None:
     """Splits 1 and 2 ship the same bytes and are within 2 %: the faster one wins, and the text
     does not say that bytes decided."""

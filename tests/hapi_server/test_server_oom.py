@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import resource
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -189,5 +190,23 @@ def test_without_adaptation_the_same_load_runs_out_of_memory(
             assert "can't allocate memory" in (o.failure or ""), o
     if server.process.poll() is None:
         # It refused the work, not died: with memory back, it serves a request that fits.
-        assert one_request(server, dataset, WARM_SHARD, 1).samples == 4
+        assert served_once_memory_is_back(server, dataset).samples == 4
     server.stop()
+
+
+def served_once_memory_is_back(
+    server: ServerProcess, dataset: Dataset, deadline_s: float = 60.0
+) -> Outcome:
+    """A request that fits, sent again until it is served or ``deadline_s`` has passed.
+
+    A failed request's error frame can reach its client before its thread has unwound and
+    given its memory back (seen once in a fresh-clone suite: a request sent at once was a 507
+    too); what must hold is that the memory comes back and the server serves again. Until
+    then every answer is the clean 507 of a failed allocation, never another error."""
+    end = time.monotonic() + deadline_s
+    while True:
+        got = one_request(server, dataset, WARM_SHARD, 1)
+        if got.samples is not None or time.monotonic() > end:
+            return got
+        assert got.status == 507 and "can't allocate memory" in (got.failure or ""), got
+        threading.Event().wait(0.5)  # a pause between tries, not a synchronisation

@@ -20,7 +20,7 @@ from .instrument import ClientProbe, Sampler, lower_bound
 from .shaping import LinkCheck, mbit_to_bytes
 from .testbed import Testbed
 
-__all__ = ["RunSpec", "measured_finetune", "warm_server"]
+__all__ = ["ConcurrentRound", "RunSpec", "measured_finetune", "run_concurrently", "warm_server"]
 
 log = logging.getLogger(__name__)
 
@@ -236,3 +236,58 @@ def measured_finetune(
     }
     log.info("%s %s %s: %.1f s", spec.model.arch, spec.mode, spec.rate_mbit, first.seconds)
     return result, row
+
+
+@dataclass
+class ConcurrentRound:
+    """Simultaneous runs: each one's row and end time, from the moment their data started
+    together (``released``), and the sampler that watched them."""
+
+    rows: list[dict[str, Any]]
+    released: float
+    ends: list[float]
+    sampler: Sampler
+
+    @property
+    def walls(self) -> list[float]:
+        return [end - self.released for end in self.ends]
+
+
+def run_concurrently(
+    testbed: Testbed, specs: list[RunSpec], link: LinkCheck, name: str
+) -> ConcurrentRound:
+    """Run every spec at once, one thread each, their data starting together (a barrier),
+    under one sampler; the first failure is raised once all have stopped."""
+    released: list[float] = []
+    barrier = threading.Barrier(len(specs), action=lambda: released.append(time.perf_counter()))
+    rows: list[dict[str, Any]] = [{} for _ in specs]
+    ends = [0.0] * len(specs)
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            _, rows[i] = measured_finetune(
+                testbed,
+                specs[i],
+                link,
+                barrier=barrier,
+                sampler=sampler,
+                rate_from_first_data=False,
+            )
+            ends[i] = time.perf_counter()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            errors.append(exc)
+            barrier.abort()
+
+    stack = testbed.stack
+    with Sampler(list(stack.pids.values()), stack.server_pid, testbed.link) as sampler:
+        threads = [
+            threading.Thread(target=one, args=(i,), name=f"{name}-{i}") for i in range(len(specs))
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    if errors:
+        raise errors[0]
+    return ConcurrentRound(rows, released[0], ends, sampler)

@@ -17,8 +17,6 @@ store; each stack is warmed with one float32 extraction at the jobs' split (anot
 from __future__ import annotations
 
 import statistics
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +28,8 @@ from hapi_client.options import ExtractOptions, TrainOptions
 from hapi_contract import ExtractRequest, OutputDtype, TransformSpec
 
 from .data import ensure_photos_and_models
-from .instrument import Sampler
 from .results import ResultSet
-from .runs import RunSpec, measured_finetune
+from .runs import RunSpec, run_concurrently
 from .testbed import Testbed
 
 __all__ = ["COUNTS", "run_sweep"]
@@ -100,42 +97,12 @@ def _round(testbed: Testbed, specs: list[RunSpec], check: Any) -> dict[str, Any]
     url = testbed.stack.hapi_url
     assert url is not None
     before = _scrape(url)
-    released: list[float] = []
-    barrier = threading.Barrier(len(specs), action=lambda: released.append(time.perf_counter()))
-    ends = [0.0] * len(specs)
-    errors: list[BaseException] = []
-
-    def job(i: int) -> None:
-        try:
-            measured_finetune(
-                testbed,
-                specs[i],
-                check,
-                barrier=barrier,
-                sampler=sampler,
-                rate_from_first_data=False,
-            )
-            ends[i] = time.perf_counter()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
-            errors.append(exc)
-            barrier.abort()
-
-    stack = testbed.stack
-    with Sampler(list(stack.pids.values()), stack.server_pid, testbed.link) as sampler:
-        threads = [
-            threading.Thread(target=job, args=(i,), name=f"sweep-{i}") for i in range(len(specs))
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    if errors:
-        raise errors[0]
+    done = run_concurrently(testbed, specs, check, "sweep")
     after = _scrape(url)
-    walls = [end - released[0] for end in ends]
+    walls = done.walls
     used = {k: after[k] - before[k] for k in _METRICS}
     # CPU seconds, unlike the reported stage seconds, do not grow when jobs share a core.
-    parts = sampler.between(released[0], max(ends))
+    parts = done.sampler.between(done.released, max(done.ends))
     return {
         "server_cpu_s": round(parts.server_cpu, 3),
         "storage_cpu_s": round(parts.storage_cpu, 3),

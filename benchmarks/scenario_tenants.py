@@ -12,18 +12,15 @@ and HAPI (batch-adapted) differ in how many jobs fit at once, as on the thesis' 
 from __future__ import annotations
 
 import statistics
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from hapi_client.options import ExtractOptions, TrainOptions
 
 from .data import ensure_photos_and_models
-from .instrument import Sampler
 from .plots import plot_tenants
 from .results import ResultSet
-from .runs import RunSpec, measured_finetune, warm_server
+from .runs import RunSpec, run_concurrently, warm_server
 from .testbed import Testbed
 
 __all__ = ["FULL_COUNTS", "QUICK_COUNTS", "TENANT_MODELS", "run_tenants"]
@@ -39,42 +36,9 @@ FULL_COUNTS = tuple(range(1, 11))
 
 
 def _run_round(testbed: Testbed, specs: list[RunSpec], check: Any) -> dict[str, Any]:
-    released: list[float] = []
-    barrier = threading.Barrier(len(specs), action=lambda: released.append(time.perf_counter()))
-    rows: list[dict[str, Any] | None] = [None] * len(specs)
-    ends: list[float] = [0.0] * len(specs)
-    errors: list[BaseException] = []
-    stack = testbed.stack
-
-    def tenant(i: int) -> None:
-        try:
-            _, rows[i] = measured_finetune(
-                testbed,
-                specs[i],
-                check,
-                barrier=barrier,
-                sampler=sampler,
-                rate_from_first_data=False,
-            )
-            ends[i] = time.perf_counter()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
-            errors.append(exc)
-            barrier.abort()
-
-    with Sampler(list(stack.pids.values()), stack.server_pid, testbed.link) as sampler:
-        threads = [
-            threading.Thread(target=tenant, args=(i,), name=f"tenant-{i}")
-            for i in range(len(specs))
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    if errors:
-        raise errors[0]
-    start = released[0]
-    jcts = [end - start for end in ends]
-    parts = sampler.between(start, max(ends))
+    done = run_concurrently(testbed, specs, check, "tenant")
+    jcts = done.walls
+    parts = done.sampler.between(done.released, max(done.ends))
     return {
         "makespan_s": round(max(jcts), 3),
         "avg_jct_s": round(statistics.fmean(jcts), 3),
@@ -82,7 +46,7 @@ def _run_round(testbed: Testbed, specs: list[RunSpec], check: Any) -> dict[str, 
         "models": ",".join(s.model.arch for s in specs),
         "storage_cpu_s": round(parts.storage_cpu, 3),
         "client_cpu_s": round(parts.client_cpu, 3),
-        "bytes_received": sum(int(r["bytes_received"]) for r in rows if r),
+        "bytes_received": sum(int(r["bytes_received"]) for r in done.rows),
     }
 
 

@@ -195,3 +195,66 @@ def test_report_has_a_startup_section(tmp_path: Path) -> None:
     startup.write(results_dir)
     text = write_report(results_dir, tmp_path / "results.md").read_text()
     assert "## Start-up" in text and "| `hapi --help` | 0.5 | 47 | 3 |" in text
+
+
+class _StubSampler:
+    def __init__(self, *args: object) -> None:
+        pass
+
+    def __enter__(self) -> _StubSampler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def _stub_testbed() -> object:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(stack=SimpleNamespace(pids={}, server_pid=None), link=None)
+
+
+def test_run_concurrently_starts_the_runs_together_and_keeps_each_row(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sweep's and the tenants' rounds: every run passes one barrier, then each row and end
+    time lands at its own index."""
+    import hapi_bench.runs as runs
+
+    def fake(testbed: object, spec: str, link: object, **kw: object) -> tuple[None, dict[str, str]]:
+        barrier = kw["barrier"]
+        barrier.wait()  # type: ignore[attr-defined]
+        return None, {"spec": spec}
+
+    monkeypatch.setattr(runs, "Sampler", _StubSampler)
+    monkeypatch.setattr(runs, "measured_finetune", fake)
+    done = runs.run_concurrently(_stub_testbed(), ["a", "b", "c"], None, "t")  # type: ignore[arg-type]
+    assert [r["spec"] for r in done.rows] == ["a", "b", "c"]
+    assert all(w >= 0 for w in done.walls) and len(done.walls) == 3
+
+
+def test_run_concurrently_raises_the_first_failure_once_all_have_stopped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import threading
+
+    import hapi_bench.runs as runs
+
+    stopped: list[str] = []
+    lock = threading.Lock()
+
+    def fake(testbed: object, spec: str, link: object, **kw: object) -> tuple[None, dict[str, str]]:
+        try:
+            if spec == "bad":
+                raise RuntimeError("the bad run")
+            kw["barrier"].wait()  # type: ignore[attr-defined]  # broken by the failure
+            return None, {}
+        finally:
+            with lock:
+                stopped.append(spec)
+
+    monkeypatch.setattr(runs, "Sampler", _StubSampler)
+    monkeypatch.setattr(runs, "measured_finetune", fake)
+    with pytest.raises(RuntimeError, match="the bad run"):
+        runs.run_concurrently(_stub_testbed(), ["ok", "bad"], None, "t")  # type: ignore[arg-type]
+    assert sorted(stopped) == ["bad", "ok"]

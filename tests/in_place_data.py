@@ -11,9 +11,11 @@ import io
 import json
 import tarfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from swiftclient.client import Connection
 
+from hapi_client.datasets import get_source, index_dataset
 from hapi_contract import (
     MANIFEST_NAME,
     DatasetLayout,
@@ -85,6 +87,28 @@ def put_folder_dataset(
     )
     conn.put_object(index, MANIFEST_NAME, manifest.to_json())
     return InPlace(index, data, names, manifest)
+
+
+def index_photos_in_place(
+    conn: Connection, spec: str, data: str, index: str, *, part_size: int, state_dir: Path
+) -> DatasetManifest:
+    """The images of source ``spec`` one object each into ``data``
+    (``train/<class>/<NNNN>.<ext>``), indexed in place with ``hapi_client.index_dataset`` into
+    ``index`` in parts of ``part_size``: a dataset as a user brings it."""
+    conn.put_container(data)
+    source = get_source(spec)
+    for i, (image, ext, label) in enumerate(source):
+        conn.put_object(data, f"train/{source.classes[label]}/{i:04d}.{ext}", image)
+    return index_dataset(
+        conn,
+        data,
+        layout="folder",
+        prefix="train",
+        into=index,
+        shard_size=part_size,
+        state_dir=state_dir,
+        progress=False,
+    )
 
 
 def webdataset_tar(images: list[bytes], labels: list[int], *, label_field: str) -> bytes:

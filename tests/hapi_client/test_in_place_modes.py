@@ -17,14 +17,13 @@ from typing import Any
 import hapi_models
 import pytest
 import torch
-from swiftclient.client import Connection
 
 from hapi_client import FeatureDataset, HapiClient, OptimizerConfig, ServerError
 from hapi_client.datasets import get_source, index_dataset
 from hapi_client.options import ExtractOptions, TrainOptions
 from hapi_client.shard_loaders import read_source
 from hapi_contract import ChangedObjectError, DatasetLayout, DatasetManifest, ShardSource
-from tests.in_place_data import webdataset_tar
+from tests.in_place_data import index_photos_in_place, webdataset_tar
 
 from .conftest import ClientEnv
 
@@ -32,20 +31,11 @@ SMALL = hapi_models.InputTransform(resize=64, crop=64, mean=(0.5, 0.5, 0.5), std
 OPT = OptimizerConfig("sgd", lr=0.05, momentum=0.9)
 MODEL = "efficientnet_lite0"
 PER_CLASS = 3
+PHOTOS = f"photos:train?per_class={PER_CLASS}&size=96x72"
 
 
 def _unique(tag: str) -> str:
     return f"cl-inplace-{tag}-{uuid.uuid4().hex[:8]}"
-
-
-def _put_photos(conn: Connection, container: str) -> list[tuple[bytes, int]]:
-    conn.put_container(container)
-    source = get_source(f"photos:train?per_class={PER_CLASS}&size=96x72")
-    samples = []
-    for index, (image, ext, label) in enumerate(source):
-        conn.put_object(container, f"train/{source.classes[label]}/{index:04d}.{ext}", image)
-        samples.append((image, label))
-    return samples
 
 
 @pytest.fixture(scope="module")
@@ -53,16 +43,8 @@ def folder(client_env: ClientEnv, tmp_path_factory: pytest.TempPathFactory) -> s
     """The photos one object per image, indexed (parts of 8) into a container of their own."""
     conn = client_env.stack.connection()
     data, index = _unique("photos"), _unique("index")
-    _put_photos(conn, data)
-    index_dataset(
-        conn,
-        data,
-        layout="folder",
-        prefix="train",
-        into=index,
-        shard_size=8,
-        state_dir=tmp_path_factory.mktemp("index-state"),
-        progress=False,
+    index_photos_in_place(
+        conn, PHOTOS, data, index, part_size=8, state_dir=tmp_path_factory.mktemp("index-state")
     )
     conn.close()
     return index
@@ -189,7 +171,7 @@ def test_a_webdataset_dataset_trains_like_an_uploaded_one(
     conn = client_env.stack.connection()
     data = _unique("wds")
     conn.put_container(data)
-    source = get_source(f"photos:train?per_class={PER_CLASS}&size=96x72")
+    source = get_source(PHOTOS)
     samples = [(image, label) for image, _, label in source]
     half = len(samples) // 2
     for k, chunk in enumerate((samples[:half], samples[half:])):
@@ -212,17 +194,7 @@ def test_an_image_changed_after_indexing_is_named_in_every_mode(
 ) -> None:
     conn = client_env.stack.connection()
     data, index = _unique("changing"), _unique("changing-index")
-    _put_photos(conn, data)
-    manifest = index_dataset(
-        conn,
-        data,
-        layout="folder",
-        prefix="train",
-        into=index,
-        shard_size=64,
-        state_dir=tmp_path,
-        progress=False,
-    )
+    manifest = index_photos_in_place(conn, PHOTOS, data, index, part_size=64, state_dir=tmp_path)
     _, listing = conn.get_container(data, prefix="train/")
     victim = listing[3]["name"]
     _, image = conn.get_object(data, victim)
@@ -243,7 +215,7 @@ def test_a_webdataset_shard_overwritten_after_indexing_is_named_in_every_mode(
     conn = client_env.stack.connection()
     data = _unique("wds-changing")
     conn.put_container(data)
-    source = get_source(f"photos:train?per_class={PER_CLASS}&size=96x72")
+    source = get_source(PHOTOS)
     samples = [(image, label) for image, _, label in source]
     half = len(samples) // 2
     chunks = (samples[:half], samples[half:])

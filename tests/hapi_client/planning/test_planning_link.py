@@ -16,11 +16,12 @@ import hapi_models
 import pytest
 import torch
 
-from hapi_client.datasets import get_source, index_dataset, upload_dataset
+from hapi_client.datasets import get_source, upload_dataset
 from hapi_client.planning import PipelineCosts, measure_pipeline_costs
 from hapi_client.preparation import prepare_model
 from hapi_contract import Compression, OutputDtype
 from tests.hapi_client.conftest import ClientEnv
+from tests.in_place_data import index_photos_in_place
 
 SMALL = hapi_models.InputTransform(resize=64, crop=64, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
 MODEL = "efficientnet_lite0"
@@ -40,18 +41,13 @@ def datasets(
     shards, data, index = _unique("shards"), _unique("images"), _unique("index")
     source = get_source(SOURCE)
     upload_dataset(conn, source, shards, shard_size=1000, progress=False)
-    conn.put_container(data)
-    for i, (image, ext, label) in enumerate(source):
-        conn.put_object(data, f"train/{source.classes[label]}/{i:04d}.{ext}", image)
-    index_dataset(
+    index_photos_in_place(
         conn,
+        SOURCE,
         data,
-        layout="folder",
-        prefix="train",
-        into=index,
-        shard_size=1000,
+        index,
+        part_size=1000,
         state_dir=tmp_path_factory.mktemp("plan-link-index"),
-        progress=False,
     )
     conn.close()
     yield {"shards": shards, "folder": index}

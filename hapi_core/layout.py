@@ -3,26 +3,39 @@
 EfficientNet-Lite0's head to split 9 ran 2.56x faster on a CPU in ``channels_last`` (issue 30)
 while ResNet18's and ViT-B/16's did not change, so the choice is measured, not assumed: once
 per (architecture, split, input shape, device), on the request's first batch, and kept in
-memory. Only the input is converted: a convolution given a ``channels_last`` input runs and
+memory. The two timings are one run each on a shared host, so a process that measured again
+could choose the other layout and compute features a few ulps apart from the last; a host
+therefore also keeps each choice on disk (``persist``), in HAPI's cache directory through
+:mod:`hapi_models.listing_cache` (a directory ``layout``, one JSON file per key, written whole),
+keyed by the head's key, the device and torch's version, so a restarted server runs each head
+in the layout it ran before. A file that cannot be read or written costs one timing, logged
+once, never a request. Only the input is converted: a convolution given a ``channels_last`` input runs and
 answers in that layout, and the head's weights, shared by every request of the model, stay
 untouched. The features are equal to float rounding, as any change of kernel gives.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Hashable
+from typing import Any
 
 import torch
+from hapi_models import listing_cache
 
-__all__ = ["LayoutChooser", "to_layout"]
+__all__ = ["STORE_KIND", "LayoutChooser", "stored_key", "to_layout"]
 
 log = logging.getLogger(__name__)
 
 # channels_last must win by this much: the two timings are one run each, on a shared host.
 _MARGIN = 0.9
+#: The kept choices' directory in HAPI's cache directory.
+STORE_KIND = "layout"
+#: Bumped when a kept choice's key or entry changes: older files are then simply not found.
+_FORMAT = 1
 
 
 def to_layout(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
@@ -34,8 +47,11 @@ def to_layout(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
 class LayoutChooser:
     """Measures and keeps, per key, whether a head runs faster on a ``channels_last`` input."""
 
-    def __init__(self, enabled: bool = True) -> None:
+    def __init__(self, enabled: bool = True, *, persist: bool = False) -> None:
+        """``persist``: read and keep each choice on disk too (a key must then be JSON's types:
+        strings, numbers, tuples of them); off, choices live as long as this object."""
         self.enabled = enabled
+        self.persist = persist
         self._lock = threading.Lock()
         self._choices: dict[Hashable, bool] = {}
 
@@ -50,21 +66,58 @@ class LayoutChooser:
         if not self.enabled or x.dim() != 4:
             return head(x)
         choice = self.known(key)
+        if choice is None and self.persist:
+            choice = self._read_kept(key, x.device)
         if choice is not None:
             return head(to_layout(x, choice))
         contiguous = _timed(head, x)
         last = _timed(head, to_layout(x, True))
         choice = last[0] < _MARGIN * contiguous[0]
         with self._lock:
-            self._choices.setdefault(key, choice)
+            # A request measuring the same key meanwhile: the first choice stays, on disk too.
+            kept = self._choices.setdefault(key, choice)
         log.info(
             "layout of %s: %s (contiguous %.1f ms, channels_last %.1f ms)",
             key,
-            "channels_last" if choice else "contiguous",
+            "channels_last" if kept else "contiguous",
             contiguous[0] * 1000,
             last[0] * 1000,
         )
-        return last[1] if choice else contiguous[1]
+        if self.persist:
+            stored = stored_key(key, x.device)
+            if stored is not None:
+                entry = {"channels_last": kept, "contiguous_s": contiguous[0], "last_s": last[0]}
+                listing_cache.write_entry(stored, entry, kind=STORE_KIND)
+        # The kept layout's output, not this timing's winner: one key, one layout's features.
+        return last[1] if kept else contiguous[1]
+
+    def _read_kept(self, key: Hashable, device: torch.device) -> bool | None:
+        stored = stored_key(key, device)
+        entry = None if stored is None else listing_cache.read_entry(stored, kind=STORE_KIND)
+        choice = None if entry is None else entry.get("channels_last")
+        if not isinstance(choice, bool):
+            return None
+        with self._lock:
+            choice = self._choices.setdefault(key, choice)
+        log.info("layout of %s: %s (kept)", key, "channels_last" if choice else "contiguous")
+        return choice
+
+
+def stored_key(key: Hashable, device: torch.device) -> dict[str, Any] | None:
+    """What a kept choice is filed under: the head's key (architecture, split, input shape:
+    no weights), the device and its name, torch's version; None for a key JSON cannot hold."""
+    try:
+        # As JSON reads it back (tuples become lists): the stored key is compared as read.
+        head = json.loads(json.dumps(key))
+    except (TypeError, ValueError):
+        return None
+    return {
+        "format": _FORMAT,
+        "head": head,
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "torch": torch.__version__,
+    }
 
 
 def _timed(

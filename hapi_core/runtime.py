@@ -118,7 +118,7 @@ class CoreRuntime:
                 settings.feature_store_bytes, settings.feature_store_dir, metrics
             ),
             decode_pool=DecodePool(decode_threads),
-            layouts=LayoutChooser(settings.channels_last),
+            layouts=LayoutChooser(settings.channels_last, persist=True),
             **extra,
         )
 

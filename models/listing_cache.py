@@ -12,6 +12,10 @@ else platformdirs' user cache directory for ``hapi`` when platformdirs is instal
 ``$XDG_CACHE_HOME/hapi`` (``~/.cache/hapi``). A file that cannot be read or does not hold what
 its name promises is ignored (one warning per process) and written again; a directory that
 cannot be written costs the time of tracing again, never a failure.
+
+Other measurements that depend only on the code and the machine are kept the same way, each
+kind in a directory of its own (``kind``): the HAPI host's layout choice per head
+(:mod:`hapi_core.layout`).
 """
 
 from __future__ import annotations
@@ -112,41 +116,43 @@ def entry_key(name: str, family: str) -> dict[str, Any]:
     return key
 
 
-def _path(key: dict[str, Any]) -> Path:
+def _path(key: dict[str, Any], kind: str) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
-    return cache_dir() / "listing" / f"{digest[:40]}.json"
+    return cache_dir() / kind / f"{digest[:40]}.json"
 
 
-def _warn_once(kind: str, message: str, *args: object) -> None:
-    level = logging.WARNING if kind not in _warned else logging.DEBUG
-    _warned.add(kind)
+def _warn_once(what: str, message: str, *args: object) -> None:
+    level = logging.WARNING if what not in _warned else logging.DEBUG
+    _warned.add(what)
     log.log(level, message, *args)
 
 
-def read_entry(key: dict[str, Any]) -> dict[str, Any] | None:
-    """The entry stored under ``key``, or None (absent, unreadable, or not this key's)."""
-    path = _path(key)
+def read_entry(key: dict[str, Any], *, kind: str = "listing") -> dict[str, Any] | None:
+    """The entry of ``kind`` stored under ``key``, or None (absent, unreadable, or not this
+    key's). ``key`` must be JSON's own types (lists, not tuples): it is compared as read."""
+    path = _path(key, kind)
     try:
         stored = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        return None
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # no such entry (or no such directory: the write says so, once)
     except (OSError, ValueError) as exc:
-        _warn_once("corrupt", "model listing cache %s ignored and rebuilt: %s", path, exc)
+        _warn_once(f"{kind}:corrupt", "%s cache %s ignored and rebuilt: %s", kind, path, exc)
         return None
     if not isinstance(stored, dict) or stored.get("key") != key:
-        _warn_once("corrupt", "model listing cache %s ignored and rebuilt: not its key", path)
+        _warn_once(f"{kind}:corrupt", "%s cache %s ignored and rebuilt: not its key", kind, path)
         return None
     entry = stored.get("entry")
     return entry if isinstance(entry, dict) else None
 
 
-def write_entry(key: dict[str, Any], entry: dict[str, Any]) -> None:
-    """Store ``entry`` under ``key``: whole or not at all (temporary file, then rename)."""
-    path = _path(key)
+def write_entry(key: dict[str, Any], entry: dict[str, Any], *, kind: str = "listing") -> None:
+    """Store ``entry`` of ``kind`` under ``key``: whole or not at all (temporary file, then
+    rename). A directory that cannot be written is logged (once per kind), never raised."""
+    path = _path(key, kind)
     data = json.dumps({"key": key, "entry": entry}, sort_keys=True).encode()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         # Whole or not at all: the suite's servers share the directory and read each other's.
         atomic_write(path, data)
     except OSError as exc:
-        _warn_once("unwritable", "model listing not cached in %s: %s", path.parent, exc)
+        _warn_once(f"{kind}:unwritable", "%s not cached in %s: %s", kind, path.parent, exc)

@@ -59,11 +59,9 @@ SERVER_ENV = {
     "HAPI_ADAPTATION_WINDOW_S": "0.01",
     "HAPI_B_MIN": "4",
     "HAPI_CPU_MEMORY_BUDGET_BYTES": str(3 * 2**30),
-    # The layout of a head is chosen by timing it in each server process (issue 30), and
-    # channels_last sums float32 in another order: a restarted server that chose the other
-    # layout computes features a few ulps apart, which training amplifies past the weights'
-    # tolerance below (seen once, in the fresh-clone suite). One layout for every process.
-    "HAPI_CHANNELS_LAST": "false",
+    # No layout pinned: a restarted server reads each head's layout choice from the session's
+    # HAPI_CACHE_DIR (hapi_core.layout) instead of timing itself into the other one, whose
+    # features a few ulps apart training would amplify past the weights' tolerance below.
 }
 # A short budget for the faults nobody repairs, so that the failure comes quickly.
 SHORT_BUDGET_S = 2.0

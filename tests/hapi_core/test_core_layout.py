@@ -1,16 +1,23 @@
-"""channels_last per head: chosen once per key, and equal to the contiguous head within float
+"""channels_last per head: chosen once per key, kept on disk for a restarted host, and equal to the contiguous head within float
 tolerance (a different kernel, not a different function)."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 import hapi_models
 import pytest
 import torch
+from hapi_models import listing_cache
 
+from hapi_core import layout
 from hapi_core.layout import LayoutChooser, to_layout
 
 # Convolutions reordered for another layout round differently; features agree to float32 noise.
-CLOSE = {"rtol": 1e-4, "atol": 1e-4}
+CLOSE: dict[str, Any] = {"rtol": 1e-4, "atol": 1e-4}
 
 
 @pytest.mark.parametrize(("arch", "split"), [("efficientnet_lite0", 9), ("resnet18", 5)])
@@ -54,3 +61,134 @@ def test_off_or_not_an_image_batch_runs_the_head_as_given() -> None:
     LayoutChooser(enabled=False).forward("k", head, torch.ones(1, 3, 4, 4))
     LayoutChooser().forward("k", head, torch.ones(3, 4))
     assert len(calls) == 2 and all(c.is_contiguous() for c in calls)
+
+
+# A restarted host must not time itself into the other layout: features would move a few ulps.
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv(listing_cache.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(listing_cache, "_warned", set())
+    return tmp_path / layout.STORE_KIND
+
+
+def _timings(monkeypatch: pytest.MonkeyPatch, contiguous_s: float, last_s: float) -> list[int]:
+    """Stand in for the two timings: fixed seconds, and a count of layouts timed."""
+    timed: list[int] = []
+
+    def fake(
+        head: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
+    ) -> tuple[float, torch.Tensor]:
+        timed.append(1)
+        return (
+            last_s if x.is_contiguous(memory_format=torch.channels_last) else contiguous_s
+        ), head(x)
+
+    monkeypatch.setattr(layout, "_timed", fake)
+    return timed
+
+
+KEY = ("efficientnet_lite0", 9, (3, 8, 8), "cpu")
+X = torch.ones(2, 3, 8, 8)
+
+
+def _double(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+def test_a_restarted_host_reuses_the_kept_choice_without_timing(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _timings(monkeypatch, contiguous_s=2.0, last_s=1.0)
+    LayoutChooser(persist=True).forward(KEY, _double, X)
+    assert len(list(cache.glob("*.json"))) == 1
+    # The next process would time channels_last slower: it keeps the first one's choice.
+    timed = _timings(monkeypatch, contiguous_s=1.0, last_s=2.0)
+    restarted = LayoutChooser(persist=True)
+    assert restarted.forward(KEY, _double, X).equal(X * 2)
+    assert restarted.known(KEY) is True and timed == []
+    # Another torch reads nothing of it and times again.
+    monkeypatch.setattr(torch, "__version__", "0.0.1")
+    other = LayoutChooser(persist=True)
+    other.forward(KEY, _double, X)
+    assert other.known(KEY) is False and len(timed) == 2
+
+
+def test_without_persist_nothing_is_kept_on_disk(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _timings(monkeypatch, contiguous_s=2.0, last_s=1.0)
+    LayoutChooser().forward(KEY, _double, X)
+    assert not cache.exists()
+
+
+def test_a_corrupt_kept_choice_is_timed_again_with_one_warning_and_rewritten(
+    cache: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _timings(monkeypatch, contiguous_s=2.0, last_s=1.0)
+    LayoutChooser(persist=True).forward(KEY, _double, X)
+    key2 = (*KEY[:2], (3, 16, 16), "cpu")
+    LayoutChooser(persist=True).forward(key2, _double, X)
+    for path in cache.glob("*.json"):
+        path.write_bytes(b'{"key": {"trunc')
+    timed = _timings(monkeypatch, contiguous_s=1.0, last_s=2.0)
+    with caplog.at_level(logging.WARNING, logger=listing_cache.__name__):
+        again = LayoutChooser(persist=True)
+        assert again.forward(KEY, _double, X).equal(X * 2)
+        again.forward(key2, _double, X)
+    assert again.known(KEY) is False and len(timed) == 4
+    assert len(caplog.records) == 1 and "ignored" in caplog.records[0].getMessage()
+    timed.clear()
+    restarted = LayoutChooser(persist=True)
+    restarted.forward(KEY, _double, X)
+    assert restarted.known(KEY) is False and timed == []  # rewritten whole
+
+
+def test_an_unwritable_cache_costs_a_timing_and_one_warning_never_the_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"")
+    monkeypatch.setenv(listing_cache.CACHE_ENV, str(blocker / "cache"))
+    monkeypatch.setattr(listing_cache, "_warned", set())
+    timed = _timings(monkeypatch, contiguous_s=2.0, last_s=1.0)
+    with caplog.at_level(logging.WARNING, logger=listing_cache.__name__):
+        for _ in range(2):
+            chooser = LayoutChooser(persist=True)
+            assert chooser.forward(KEY, _double, X).equal(X * 2)
+            assert chooser.known(KEY) is True
+    assert len(timed) == 4  # nothing kept: each process times
+    assert len(caplog.records) == 1 and "not cached" in caplog.records[0].getMessage()
+
+
+def test_a_key_json_cannot_hold_is_timed_and_kept_in_memory_only(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _timings(monkeypatch, contiguous_s=2.0, last_s=1.0)
+    chooser = LayoutChooser(persist=True)
+    chooser.forward(frozenset({1}), _double, X)
+    assert chooser.known(frozenset({1})) is True and not cache.exists()
+
+
+def test_a_request_that_measured_while_another_chose_answers_in_the_kept_layout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two first requests of a key measure at once and may disagree: both answer in the layout
+    kept (the first chosen), else one key's features come from two layouts."""
+    chooser = LayoutChooser()
+
+    def another_request_chose_first(
+        head: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
+    ) -> tuple[float, torch.Tensor]:
+        chooser._choices.setdefault(KEY, False)  # the other request's choice lands meanwhile
+        last = x.is_contiguous(memory_format=torch.channels_last)
+        return (1.0 if last else 2.0), head(x)  # this request times channels_last faster
+
+    monkeypatch.setattr(layout, "_timed", another_request_chose_first)
+
+    def which_layout(x: torch.Tensor) -> torch.Tensor:
+        return torch.tensor(x.is_contiguous(memory_format=torch.channels_last))
+
+    assert chooser.forward(KEY, which_layout, X).item() is False
+    assert chooser.known(KEY) is False

@@ -651,6 +651,7 @@ def write_report(results_dir: Path, out_path: Path) -> Path:
             "adaptation",
             "proxy",
             "inplace",
+            "sweep",
             "gars",
             "startup",
         )
@@ -725,6 +726,11 @@ def write_report(results_dir: Path, out_path: Path) -> Path:
         lines += _proxy_section(loaded["proxy"], img)
     if loaded["inplace"]:
         lines += _inplace_section(loaded["inplace"])
+    if loaded["sweep"]:
+        # Here: that module builds on this one's markdown_table.
+        from .report_sweep import sweep_section
+
+        lines += sweep_section(loaded["sweep"])
     if loaded["gars"]:
         lines += _gars_section(loaded["gars"], img)
     if loaded["startup"]:

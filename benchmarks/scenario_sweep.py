@@ -136,6 +136,7 @@ def run_sweep(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
         model=ARCH,
         store_bytes=STORE_BYTES,
         dataset={"container": data.container, "samples": data.manifest.num_samples},
+        shard_samples=SHARD,
         job=f"{ARCH}, 1 epoch, training batch {SHARD} (one shard a request), split at the freeze "
         "index, client feature caches off, all jobs released together",
     )

@@ -1,0 +1,82 @@
+"""``hapi bench sweep``: its registration and its report section (no stack: a made-up run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hapi_bench import SCENARIOS, ResultSet, write_report
+
+MB = 1_000_000
+
+
+def _row(store: str, jobs: int, cpu: float, swift_mb: float, wall: float) -> dict[str, object]:
+    return {
+        "store": store,
+        "jobs": jobs,
+        "server_cpu_s": cpu,
+        "storage_cpu_s": cpu + 0.1,
+        "wall_s": [wall] * jobs,
+        "slowest_wall_s": wall,
+        "mean_wall_s": wall,
+        "server_compute_s": cpu * 3,
+        "swift_read_bytes": int(swift_mb * MB),
+        "computations": 2,
+        "store_hits": 0,
+        "store_coalesced": jobs - 1,
+    }
+
+
+def _write(tmp_path: Path, walls_on: tuple[float, float, float]) -> str:
+    results = ResultSet.start(
+        "sweep",
+        testbed={
+            "cores": {"client": [0], "server": [1]},
+            "cores_note": "client on core(s) 0, Swift + HAPI server on core(s) 1",
+            "link_method": "tc htb on a veth pair",
+        },
+        quick=True,
+        link_check={"target_mbit": 1000.0},
+        model="resnet18",
+        store_bytes=512 * 2**20,
+        dataset={"container": "bench-sweep-8x40", "samples": 80},
+        shard_samples=40,
+    )
+    for jobs, cpu, wall in ((1, 3.35, 7.9), (2, 6.67, 18.5), (4, 13.65, 46.4)):
+        results.add(_row("off", jobs, cpu, 9.13 * jobs, wall))
+    for jobs, cpu, wall in zip((1, 2, 4), (3.32, 3.52, 3.74), walls_on, strict=True):
+        results.add(_row("on", jobs, cpu, 9.13, wall))
+    results.write(tmp_path)
+    text = write_report(tmp_path, tmp_path / "results.md").read_text()
+    return text[text.index("## One extraction for many jobs: a sweep (issue 32)") :]
+
+
+def test_the_scenario_runs_on_the_testbed() -> None:
+    scenario = SCENARIOS["sweep"]
+    assert scenario.testbed and scenario.entry == "hapi_bench.scenario_sweep:run_sweep"
+
+
+def test_the_report_shows_each_job_count_and_the_goals_ratios(tmp_path: Path) -> None:
+    section = _write(tmp_path, (10.0, 10.2, 18.0))
+    assert "`hapi bench sweep --quick`: 1, 2 and 4 concurrent fine-tunes of resnet18" in section
+    assert "on the same 80 photos (2 shards of 40)" in section and "*store on*: 512 MiB" in section
+    assert "link 1000 Mbit/s by tc htb on a veth pair" in section
+    assert "| 1 | 3.35 | 3.32 | 9.13 | 9.13 | 7.9 | 10.0 |" in section
+    assert "| 4 | 13.65 | 3.74 | 36.52 | 9.13 | 46.4 | 18.0 |" in section
+    assert "**1.13x** the server's CPU seconds (goal <= 1.2x; 4.1x without)" in section
+    assert "**1.0x** the Swift bytes (goal <= 1.2x; 4.0x without)" in section
+    assert (
+        "**1.8x** the slowest wall time (goal <= 1.5x when the server is the bound; 5.9x without)"
+        in section
+    )
+    assert "The wall goal is not met here" in section
+    assert "the 4 fine-tunes then share the client's single core" in section
+    # One job was slower with the store while the server did the same work: said, with both.
+    assert "(10.0 s against 7.9 s)" in section and "(3.32 against 3.35)" in section
+    assert "on by default (256 MiB;" in section
+
+
+def test_a_met_wall_goal_is_not_explained_away(tmp_path: Path) -> None:
+    section = _write(tmp_path, (7.5, 8.0, 10.5))
+    assert "**1.4x** the slowest wall time" in section
+    assert "not met" not in section
+    assert "One job alone" not in section  # one job was not slower with the store

@@ -23,8 +23,15 @@ What is this module's own is how the core's effects are performed here:
   memory (503 ``queue_full`` / 504 ``timeout``, the core's answers); a client that takes no
   frame for ``send_timeout`` is cut off, and its slot and memory are freed.
 
-torch and the core's compute modules are imported on the first in-proxy request only, so a
-proxy in decoupled mode never loads them.
+torch and the core's modules are imported when an in-proxy filter is built, while the proxy
+loads its pipeline and serves nothing yet; a proxy in decoupled mode never loads them. Imported
+on the first request instead, they stalled the whole proxy for seconds: importing them on the
+hub (a request's first ``from hapi_core import ...``) blocks every green thread, and one imported
+in the pool holds the GIL (loading torch's shared libraries) and the module locks that a
+request's import on the hub then waits for (a plain GET through the proxy took 3.8-4.5 s during
+eight concurrent first requests). The runtime itself (threads, devices, the memory sampler) is
+still created on the first request, in the pool: a pre-forking proxy builds its filters once in
+the parent before forking its workers, and threads do not survive a fork.
 """
 
 from __future__ import annotations
@@ -81,8 +88,19 @@ class _EventletTimers:
         eventlet.spawn_after(delay, callback)
 
 
+def _import_core() -> None:
+    """Import every module of the core that a request will use, torch and torchvision's models
+    and transforms (what :meth:`CoreRuntime.create` takes) included (see the module doc)."""
+    import hapi_core
+
+    for name in hapi_core.__all__:
+        getattr(hapi_core, name)  # each lazy export imports its module
+    import torchvision.models
+    import torchvision.transforms.v2  # noqa: F401
+
+
 def _load_runtime(config: FilterConfig) -> CoreRuntime:
-    # Runs in a pool thread: importing torch takes seconds.
+    # Runs in a pool thread: discovering the devices and starting the runtime's threads.
     from hapi_core import CoreRuntime
 
     return CoreRuntime.create(config.core_settings(), timers=_EventletTimers())
@@ -381,6 +399,7 @@ class InProxyExtractor:
         # Now, while the proxy loads its filters: glibc fixes its arena limit when a second
         # thread first needs an arena, and the pool threads that would are not started yet.
         bound_host_allocator()
+        _import_core()
         self._runtime: CoreRuntime | None = None
         self._runtime_lock = Semaphore(1)
         self._slots = Slots(

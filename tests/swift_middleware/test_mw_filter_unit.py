@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -381,3 +383,36 @@ def test_the_filter_logs_through_swifts_logger_with_the_transaction_id() -> None
     (record,) = [r for r in records if "refused" in r.getMessage()]
     assert record.levelno == logging.INFO
     assert getattr(record, "txn_id", None) == "tx0123abc"
+
+
+_IMPORTS_AFTER_BUILD = """
+import json, sys
+from swift_middleware import filter_factory
+filter_factory({}, **json.loads(sys.argv[1]))(lambda env, start_response: [])
+print(json.dumps({m: m in sys.modules for m in ("torch", "torchvision.models",
+                                                 "hapi_core.extraction", "hapi_core.engine")}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("options", "loaded"),
+    [
+        ({"execution": "in_proxy"}, True),
+        ({"execution": "decoupled", "hapi_servers": "http://127.0.0.1:9"}, False),
+    ],
+)
+def test_an_in_proxy_filter_imports_the_core_when_built_a_decoupled_one_never(
+    options: dict[str, str], loaded: bool
+) -> None:
+    # Imported on the first request instead, torch's import held the proxy's hub (and the GIL)
+    # for seconds: every request of the proxy stalled (in_proxy.py's module doc). A fresh
+    # interpreter, since this one has imported everything long ago.
+    done = subprocess.run(  # noqa: S603 - this interpreter, a fixed script
+        [sys.executable, "-c", _IMPORTS_AFTER_BUILD, json.dumps(options)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    imported = json.loads(done.stdout.strip().splitlines()[-1])
+    assert imported == dict.fromkeys(imported, loaded)

@@ -375,31 +375,49 @@ class FeatureStore:
             entry = self._entries.get(key)
             if entry is not None:
                 self._entries.move_to_end(key)
-            running = self._computing.get(key)
-            if entry is None and running is not None and not running.cancelled.is_set():
-                self._count("coalesced")
-                return Joined(running)
-        if entry is not None:
-            shared = entry.features if entry.features is not None else self._load(key)
-            if shared is not None:
-                self._count("hits")
-                return shared
-        self._count("misses")
-        computation = Computation(key, self.recording)
+            else:
+                found = self._lead_or_join(key)
+        if entry is None:
+            return self._counted(found)
+        shared = entry.features if entry.features is not None else self._load(key)
+        if shared is not None:
+            self._count("hits")
+            return shared
         with self._lock:
-            self._computing[key] = computation
+            found = self._lead_or_join(key)
+        return self._counted(found)
+
+    def _lead_or_join(self, key: FeatureKey) -> Joined | Computation:
+        """Under the lock: the computation of ``key`` in flight, or a new one this caller leads.
+        Looking and registering under one hold: two requests arriving together must not both
+        miss and compute (the second would also hide the first from later requests)."""
+        running = self._computing.get(key)
+        if running is not None and not running.cancelled.is_set():
+            return Joined(running)
+        computation = Computation(key, self.recording)
+        self._computing[key] = computation
         return computation
+
+    def _counted(self, found: Joined | Computation) -> Joined | Computation:
+        self._count("coalesced" if isinstance(found, Joined) else "misses")
+        return found
 
     def settle(self, computation: Computation, result: SharedFeatures | None) -> None:
         """End ``computation`` with ``result`` (None: nothing to share), store it if it fits
         and wake its waiters."""
+        if result is not None and computation.settle(result):
+            # Stored before it stops being joinable: a request arriving meanwhile joins the
+            # settled computation (and gets its result at once) or hits, never computes again.
+            self.put(computation.key, result)
+            self._forget(computation)
+        else:
+            self._forget(computation)
+            computation.settle(None)
+
+    def _forget(self, computation: Computation) -> None:
         with self._lock:
             if self._computing.get(computation.key) is computation:
                 del self._computing[computation.key]
-        if result is not None and computation.settle(result):
-            self.put(computation.key, result)
-        else:
-            computation.settle(None)
 
     def put(self, key: FeatureKey, shared: SharedFeatures) -> None:
         """Keep ``shared`` under ``key`` if it fits, evicting the least recently used."""

@@ -4,6 +4,8 @@ coalescing's ownership rules and re-framing at a request's own COS batch size (u
 from __future__ import annotations
 
 import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -72,6 +74,44 @@ def test_a_miss_leads_then_a_second_request_joins_then_a_third_hits() -> None:
     assert metrics.feature_store_coalesced._value.get() == 1
     assert metrics.feature_store_hits._value.get() == 1
     assert metrics.feature_store_bytes._value.get() == features(5).nbytes
+
+
+def test_two_requests_arriving_together_compute_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first request is held right after it missed; the second, arriving then, must join
+    its computation, not miss as well (a sweep's jobs ask for their first shard together)."""
+    store = FeatureStore(1 << 20, None, Metrics())
+    missed, second_done = threading.Event(), threading.Event()
+    count = store._count
+
+    def held_on_first_miss(what: str, amount: float = 1) -> None:
+        count(what, amount)
+        if what == "misses" and not missed.is_set():
+            missed.set()
+            second_done.wait(10)  # bounded: the second request's begin returns meanwhile
+
+    monkeypatch.setattr(store, "_count", held_on_first_miss)
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(store.begin, key())
+        assert missed.wait(10)
+        second = store.begin(key())
+        second_done.set()
+        lead = first.result(timeout=10)
+    assert isinstance(lead, Computation)
+    assert isinstance(second, Joined) and second.computation is lead
+
+
+def test_a_request_arriving_as_the_computation_settles_does_not_compute_again() -> None:
+    """Between waking the waiters and storing the result, the key stays joinable: a request
+    then gets the result (a settled computation answers at once), not a miss."""
+    store = FeatureStore(1 << 20, None, None)
+    lead = store.begin(key())
+    assert isinstance(lead, Computation)
+    meanwhile: list[object] = []
+    lead.on_settled(lambda: meanwhile.append(store.begin(key())))
+    store.settle(lead, features(4))
+    [found] = meanwhile
+    assert isinstance(found, Joined) and found.computation.outcome() is not None
+    assert isinstance(store.begin(key()), SharedFeatures)  # and stored once settled
 
 
 def test_another_etag_weights_or_account_is_another_key() -> None:

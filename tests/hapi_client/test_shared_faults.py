@@ -30,14 +30,11 @@ from .conftest import ClientEnv
 from .test_feature_dataset import MODEL, SMALL
 
 WAIT_S = 120.0  # the bound of every wait on another thread
-# The server of this module: the session's settings, the store at its default bound, and one
-# layout for every process (a restarted server that timed its head into the other layout would
-# compute features a few ulps apart; see tests/hapi_client/test_faults.py).
+# The server of this module: the session's settings with the store at its default bound.
 SETTINGS: dict[str, Any] = {
     "cpu_memory_budget_bytes": 3 * 2**30,
     "b_min": 4,
     "feature_store_bytes": CoreSettings().feature_store_bytes,
-    "channels_last": False,
 }
 
 

@@ -7,7 +7,8 @@ On the cores the server is given (issue 30), for EfficientNet-Lite0 to split 9 o
   by the cores: the decode (fast path and the previous PIL path), the head's forward at the COS
   batch (contiguous and ``channels_last``), the Swift read of the shard; the roofline is the
   cores over the CPU seconds one image needs (decode + head: both share the same cores),
-  bounded by the read;
+  bounded by the read (:func:`hapi_core.roofline.roofline_images_per_s`, which the server's
+  ``/metrics`` ratio uses too);
 * the server's end-to-end images/s on a real ``/v1/extract`` over the shard (its own clock, the
   end frame's ``server_ms``, and the client's), once with the new path (fast decode, the
   decode pipeline, the layout chosen per head) and once with the old one (PIL, no overlap,
@@ -38,6 +39,7 @@ import torch
 
 from hapi_client.datasets import get_source
 from hapi_contract import ExtractRequest, ShardSource, TransformSpec
+from hapi_core.roofline import roofline_images_per_s
 
 from .data import ensure_dataset, ensure_models, photos_spec
 from .results import ResultSet
@@ -253,8 +255,10 @@ def run_roofline(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
     decode_cpu = stages["decode_fast_s"]
     head_cpu = min(stages["head_contiguous_s"], stages["head_channels_last_s"])
     read = measured["new"]["read_images_per_s"]
-    roofline = min(cores / (decode_cpu + head_cpu), read)
-    old_roofline = min(cores / (stages["decode_pil_s"] + stages["head_contiguous_s"]), read)
+    roofline = roofline_images_per_s(cores, decode_cpu, head_cpu, read_images_per_s=read)
+    old_roofline = roofline_images_per_s(
+        cores, stages["decode_pil_s"], stages["head_contiguous_s"], read_images_per_s=read
+    )
     for name, row in measured.items():
         ceiling = roofline if name == "new" else old_roofline
         out = {

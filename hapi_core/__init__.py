@@ -92,6 +92,7 @@ if TYPE_CHECKING:
     )
     from .host_allocator import bound_host_allocator
     from .metrics import Metrics
+    from .roofline import RooflineMeter, roofline_images_per_s
     from .runtime import CoreRuntime
     from .settings import CoreSettings
     from .shared_features import (
@@ -152,6 +153,7 @@ __all__ = [
     "RequestTimeoutError",
     "Reservation",
     "Reserve",
+    "RooflineMeter",
     "SharedExtraction",
     "SharedFeatures",
     "StorageRefusedError",
@@ -185,6 +187,7 @@ __all__ = [
     "reframe",
     "release_model",
     "reserve_and_load",
+    "roofline_images_per_s",
     "run_async",
     "run_blocking",
     "run_extraction",

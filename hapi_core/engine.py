@@ -30,6 +30,7 @@ from hapi_contract.frames import FrameEncoder
 from .decode_pool import DecodePool, DecodeTask
 from .devices import HOST_MEMORY, Device, HostMemoryProbe
 from .layout import LayoutChooser
+from .roofline import RooflineMeter
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,10 @@ class JobStats:
     cos_batch_sizes: list[int] = field(default_factory=list)
     decode_s: float = 0.0
     """Time the job waited for its decode (what the overlap did not hide) and normalised."""
+    decode_cpu_s: float = 0.0
+    """The decode's thread CPU seconds, wherever it ran (the roofline's decode stage)."""
+    normalize_s: float = 0.0
+    """Of ``decode_s``: the uint8 batch's normalisation, on torch's threads."""
     compute_s: float = 0.0
     encode_s: float = 0.0
     feature_bytes: int = 0
@@ -65,6 +70,8 @@ class JobStats:
     vmhwm_resets: int = 0
     """Batches during which the probe reset the process's ``VmHWM`` (a benchmark reading it
     from outside must know: see :class:`~hapi_core.devices.HostMemoryProbe`)."""
+    started: float = field(default_factory=time.perf_counter)
+    """When the job began (``perf_counter``): its achieved images/s count from here."""
 
     def as_meta(self, total_s: float, queued_s: float) -> dict[str, object]:
         return {
@@ -105,6 +112,10 @@ class ExtractionJob:
     """Longest wait for one image's decode (a bound, never reached by a healthy pool)."""
     token: object = field(default_factory=object)
     """This job's tasks in the decode pool's counts (:meth:`DecodePool.pending`)."""
+    request_id: str = ""
+    """The request it computes, for /metrics' series of running requests."""
+    roofline: RooflineMeter | None = None
+    """Where the job reports its ratio to the host's roofline (None: nowhere)."""
 
 
 _INLINE = DecodePool(0)
@@ -118,6 +129,19 @@ class _Decoding:
     stop: int
     tasks: list[DecodeTask[object]]
     crops: torch.Tensor | None
+    cpu_s: list[float]
+    """Each task's thread CPU seconds, written as it ends."""
+
+
+def _cpu_timed(fn: Callable[[], object], cpu_s: list[float], slot: int) -> Callable[[], object]:
+    def run() -> object:
+        started = time.thread_time()
+        try:
+            return fn()
+        finally:
+            cpu_s[slot] = time.thread_time() - started
+
+    return run
 
 
 def _submit_decode(job: ExtractionJob, pool: DecodePool, token: object, start: int) -> _Decoding:
@@ -127,23 +151,33 @@ def _submit_decode(job: ExtractionJob, pool: DecodePool, token: object, start: i
     if job.decode_path == "pil":
         # The previous server, kept for the roofline's comparison: the batch as one task.
         batch_names = None if names is None else names[start:stop]
+        cpu_s = [0.0]
         task = pool.submit(
             token,
-            lambda: transform.decode_batch(
-                job.images[start:stop], max_pixels=limit, names=batch_names, path="pil"
+            _cpu_timed(
+                lambda: transform.decode_batch(
+                    job.images[start:stop], max_pixels=limit, names=batch_names, path="pil"
+                ),
+                cpu_s,
+                0,
             ),
         )
-        return _Decoding(start, stop, [task], None)
+        return _Decoding(start, stop, [task], None, cpu_s)
     if job.device.is_cuda:
         # nvJPEG takes the batch in one call; the pool's thread waits on the GPU meanwhile.
         device, batch_names = job.device.torch_device, None if names is None else names[start:stop]
+        cpu_s = [0.0]
         task = pool.submit(
             token,
-            lambda: transform.decode_batch_cuda(
-                job.images[start:stop], device, max_pixels=limit, names=batch_names
+            _cpu_timed(
+                lambda: transform.decode_batch_cuda(
+                    job.images[start:stop], device, max_pixels=limit, names=batch_names
+                ),
+                cpu_s,
+                0,
             ),
         )
-        return _Decoding(start, stop, [task], None)
+        return _Decoding(start, stop, [task], None, cpu_s)
     try:
         crops = torch.empty((stop - start, *transform.input_shape), dtype=torch.uint8)
     except RuntimeError as exc:  # the host is out of memory, as in a batch's own tensor work
@@ -154,8 +188,12 @@ def _submit_decode(job: ExtractionJob, pool: DecodePool, token: object, start: i
             crops[i - start] = transform.decode_uint8(job.images[i], max_pixels=limit)
         return None
 
-    tasks = [pool.submit(token, functools.partial(decode_one, i)) for i in range(start, stop)]
-    return _Decoding(start, stop, tasks, crops)
+    cpu_s = [0.0] * (stop - start)
+    tasks = [
+        pool.submit(token, _cpu_timed(functools.partial(decode_one, i), cpu_s, i - start))
+        for i in range(start, stop)
+    ]
+    return _Decoding(start, stop, tasks, crops, cpu_s)
 
 
 def _wait_decoded(job: ExtractionJob, decoding: _Decoding) -> torch.Tensor:
@@ -190,6 +228,9 @@ def iter_frames(job: ExtractionJob, stats: JobStats) -> Generator[bytes, None, N
     sample_bytes = 4 * math.prod(job.transform.input_shape)  # the float32 input batch
     pool = job.decode_pool or _INLINE
     token = job.token
+    stats.started = time.perf_counter()
+    # The head on a CPU shares the cores with the decode: the roofline adds their CPU seconds.
+    on_cores = not job.device.is_cuda
     starts = range(0, len(job.images), job.batch_size)
     pending = _submit_decode(job, pool, token, 0) if len(starts) else None
     current: _Decoding | None = None
@@ -206,6 +247,7 @@ def iter_frames(job: ExtractionJob, stats: JobStats) -> Generator[bytes, None, N
             except RuntimeError as exc:
                 raise BatchExecutionError(str(exc)) from exc
             stats.decode_s += time.perf_counter() - t0
+            stats.decode_cpu_s += sum(current.cpu_s)
             if job.device.is_cuda:
                 torch.cuda.reset_peak_memory_stats(device)
                 base = torch.cuda.memory_allocated(device)
@@ -228,11 +270,15 @@ def iter_frames(job: ExtractionJob, stats: JobStats) -> Generator[bytes, None, N
                 stats.vmhwm_resets += reading.reset
                 if reading.bytes_per_sample is not None:
                     stats.peak_bytes_per_sample = reading.bytes_per_sample
+            if job.roofline is not None:
+                job.roofline.observe(job.device.name, job.request_id, stats, on_cores)
             yield frame
     finally:
         # The batch in hand too: one image failed, the others may still be queued or running.
         left = [t for d in (current, pending) if d is not None for t in d.tasks]
         pool.cancel(token, left, job.decode_timeout_s)
+        if job.roofline is not None:
+            job.roofline.finish(job.device.name, job.request_id, stats, on_cores)
 
 
 @dataclass(frozen=True)
@@ -274,6 +320,7 @@ class _Step:
         except RuntimeError as exc:
             raise BatchExecutionError(str(exc)) from exc
         stats.decode_s += t1 - t0
+        stats.normalize_s += t1 - t0
         stats.compute_s += t2 - t1
         stats.encode_s += t3 - t2
         stats.cos_batch_sizes.append(done)

@@ -628,6 +628,7 @@ def job_of(rt: CoreRuntime, prep: PreparedExtraction) -> ExtractionJob:
         max_pixels=rt.settings.max_image_pixels,
         encoder=encoder,
         names=prep.names,
+        request_id=prep.request_id,
         **rt.engine_options(),
     )
 

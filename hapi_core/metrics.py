@@ -110,6 +110,23 @@ class Metrics:
             "seconds of decode, head forward and encode of the extractions that ran",
             registry=r,
         )
+        # hapi_core.roofline defines the ceiling, for the benchmark and for these alike.
+        self.roofline_ratio = Gauge(
+            "hapi_roofline_ratio",
+            "per running extraction: images/s achieved since its first decode over its "
+            "roofline, the images/s the host's cores could reach with the request's own "
+            "stage times (cores / (decode thread CPU s + head CPU s per image), the head's CPU "
+            "s being its wall s times torch's threads; on a GPU the slower of cores / decode "
+            "and the head); near 1: decode and head overlap fully on the cores",
+            ["device", "request"],
+            registry=r,
+        )
+        self.roofline_ratio_last = Gauge(
+            "hapi_roofline_ratio_last",
+            "hapi_roofline_ratio of the last extraction that ran on the device, at its end",
+            ["device"],
+            registry=r,
+        )
         self.swift_read_bytes = Counter(
             "hapi_swift_read_bytes", "object bytes read from Swift as callers", registry=r
         )

@@ -26,6 +26,7 @@ from .estimates import MemoryEstimator
 from .host_allocator import bound_host_allocator
 from .layout import LayoutChooser
 from .metrics import Metrics
+from .roofline import RooflineMeter
 from .settings import CoreSettings
 from .shared_features import FeatureStore
 from .timing_cache import LayerTimes
@@ -52,6 +53,8 @@ class CoreRuntime:
     """Whether each head runs faster on a channels_last input, measured once."""
     features: FeatureStore = field(default_factory=lambda: FeatureStore(0, None, None))
     """Computed features shared between requests (off unless ``feature_store_bytes``)."""
+    roofline: RooflineMeter | None = None
+    """Exports each running request's ratio to the host's roofline (None: not exported)."""
 
     @classmethod
     def create(cls, settings: CoreSettings, timers: Timers | None = None, **extra: Any) -> Self:
@@ -119,6 +122,7 @@ class CoreRuntime:
             ),
             decode_pool=DecodePool(decode_threads),
             layouts=LayoutChooser(settings.channels_last, persist=True),
+            roofline=RooflineMeter(metrics, decode_threads + torch_threads),
             **extra,
         )
 
@@ -128,6 +132,7 @@ class CoreRuntime:
             "decode_pool": self.decode_pool,
             "decode_path": self.settings.decode_path,
             "layouts": self.layouts,
+            "roofline": self.roofline,
         }
 
     def pick_scheduler(self) -> DeviceScheduler:

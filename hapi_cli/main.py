@@ -21,9 +21,12 @@ import argparse
 import importlib
 import importlib.util
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+
+from hapi_stack import shared_host_env
 
 from .parsers import HapiArgumentParser, add_global_options
 
@@ -85,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help, or a usage error argparse has already explained
         return exc.code if isinstance(exc.code, int) else 2
     _configure_logging(args)
+    # Before any handler imports torch: libgomp reads it once, at load (hapi_stack._threads).
+    os.environ.update(shared_host_env())
     extra: tuple[type[BaseException], ...] = tuple(
         err for module in modules for err in getattr(module, "ERRORS", ())
     )

@@ -37,6 +37,7 @@ from hapi_stack._stack import (
     status,
     up,
 )
+from hapi_stack._threads import SHARED_HOST_THREADS, shared_host_env
 from hapi_stack.errors import (
     MissingBinaryError,
     PortInUseError,
@@ -52,6 +53,7 @@ __all__ = [
     "PORT_SETTINGS",
     "PROXY_PIPELINE",
     "PUBLIC_PORT_SETTINGS",
+    "SHARED_HOST_THREADS",
     "WILDCARD_HOST",
     "MissingBinaryError",
     "PortInUseError",
@@ -72,6 +74,7 @@ __all__ = [
     "proxy_filters",
     "render_proxy_conf",
     "running_stack",
+    "shared_host_env",
     "stack_services",
     "status",
     "up",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from hapi_stack._config import StackConfig
 from hapi_stack._paths import StatePaths, find_script, script_dirs
+from hapi_stack._threads import shared_host_env
 from hapi_stack.errors import MissingBinaryError
 
 __all__ = ["SWIFT_SERVERS", "ServiceSpec", "stack_services", "swift_bin_dir", "swift_program"]
@@ -83,7 +84,8 @@ def stack_services(config: StackConfig) -> list[ServiceSpec]:
     for server in SWIFT_SERVERS:
         port: int = getattr(config, f"{server}_port")
         argv = (str(swift_program(f"swift-{server}-server")), str(paths.conf(server)), "-v")
-        env = {"PYTHONPATH": _pythonpath()} if server == "proxy" else {}
+        # The proxy may host the extraction (in_proxy): its torch shares the host's cores.
+        env = {"PYTHONPATH": _pythonpath(), **shared_host_env()} if server == "proxy" else {}
         services.append(ServiceSpec(server, argv, port, f"http://{local}:{port}/healthcheck", env))
     if config.hapi_server:
         services.append(
@@ -100,6 +102,7 @@ def stack_services(config: StackConfig) -> list[ServiceSpec]:
                     "HAPI_SWIFT_URL": f"http://{config.public_host}:{config.proxy_port}",
                     "HAPI_SWIFT_URL_ALIASES": ",".join(config.swift_url_aliases()),
                     "PYTHONPATH": _pythonpath(),
+                    **shared_host_env(),
                 },
             )
         )

@@ -16,7 +16,12 @@ from pathlib import Path
 import pytest
 from swiftclient.client import Connection
 
-from hapi_stack import RunningStack, StackConfig, StackError, down, up
+from hapi_stack import RunningStack, StackConfig, StackError, down, shared_host_env, up
+
+# The suite's client, servers, proxies and torchrun jobs share the machine's cores: their torch
+# threads sleep instead of spinning while they wait (hapi_stack._threads). Set before any test
+# module imports torch, and inherited by every process the suite starts.
+os.environ.update(shared_host_env())
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -42,8 +42,12 @@ system-deps:
 	fi
 
 # Lint first: a formatting or typing slip fails in seconds, before the suite's long end-to-end tests.
+# Two workers (pytest-xdist), a test file each at a time: a file's module fixtures (its servers,
+# its uploads) start once, and much of the suite waits on servers, proxies and torchrun jobs
+# rather than computing. TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
 test: install lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 lint: install
 	$(VENV)/bin/ruff check .

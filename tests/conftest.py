@@ -24,7 +24,16 @@ from hapi_stack import RunningStack, StackConfig, StackError, down, shared_host_
 os.environ.update(shared_host_env())
 
 
+def _files_with_slow_tests_first(items: list[pytest.Item]) -> None:
+    # Under `make test`'s workers (pytest-xdist, a file at a time, handed out in this order) a long
+    # file that starts last leaves the other worker idle at the end: the files with a `slow` test
+    # go first, each file's tests in their own order.
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_files)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _files_with_slow_tests_first(items)
     swift = pytest.mark.swift
     for item in items:
         if "swift_stack" in getattr(item, "fixturenames", ()):
@@ -44,7 +53,13 @@ def model_listing_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pa
     """One architecture-listing cache for the session: every server this suite starts (they
     inherit the environment) traces each network once between them, and the user's own cache
     is left alone."""
-    path = tmp_path_factory.mktemp("hapi-cache")
+    # The workers of `make test` (pytest-xdist) share one: their base directories are siblings.
+    # Entries are written atomically, so two workers computing the same one at once is harmless.
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        path = tmp_path_factory.getbasetemp().parent / "hapi-cache"
+        path.mkdir(exist_ok=True)
+    else:
+        path = tmp_path_factory.mktemp("hapi-cache")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HAPI_CACHE_DIR", str(path))
         yield path

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import hapi_models
 import torch
+from hapi_models.layout import LayoutChooser
 
 from hapi_client.datasets import get_source
 from hapi_contract import Compression, OutputDtype
@@ -25,7 +26,6 @@ from hapi_contract.frames import FrameEncoder
 from hapi_core.decode_pool import DecodePool, available_cores, split_threads
 from hapi_core.devices import Device
 from hapi_core.engine import ExtractionJob, run_extraction
-from hapi_core.layout import LayoutChooser
 
 from .data import photos_spec
 

@@ -316,12 +316,13 @@ def engine_paths(images: Sequence[bytes], rounds: int = 3, batch: int = 16) -> d
     configurations taking turns; the first round warms (weights, layout choice)."""
     import threading
 
+    from hapi_models.layout import LayoutChooser
+
     from hapi_contract import Compression, OutputDtype
     from hapi_contract.frames import FrameEncoder
     from hapi_core.decode_pool import DecodePool, available_cores, split_threads
     from hapi_core.devices import Device
     from hapi_core.engine import ExtractionJob, run_extraction
-    from hapi_core.layout import LayoutChooser
 
     cores = available_cores()
     decode_n, torch_n = split_threads(cores, None, None)

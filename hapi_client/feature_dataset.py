@@ -61,6 +61,12 @@ status = logging.getLogger("hapi_client.status")
 Batch = tuple[torch.Tensor, torch.Tensor]
 _STATE_VERSION = 1
 
+#: This process's layout choices for the frozen layers it runs, as a HAPI server keeps its own
+#: for the heads it runs: BASELINE's frozen layers are the same computation as HAPI's head and
+#: must not be slower here (issue 30). Kept in the process and on disk, not in the module: a
+#: LocalModel stays a plain nn.Module that copies and pickles.
+_LAYOUTS = hapi_models.LayoutChooser(persist=True)
+
 
 class LocalModel(nn.Module):
     """The compute-tier half of a split model: it takes the features of layer ``split``.
@@ -85,7 +91,10 @@ class LocalModel(nn.Module):
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         x = features
-        for layer in self.model.layers[self.split :]:
+        frozen = self.model.layers[self.split : self.freeze_index]
+        if len(frozen):
+            x = _run_frozen(self.model.arch, self.split, self.freeze_index, frozen, x)
+        for layer in self.model.layers[max(self.split, self.freeze_index) :]:
             x = layer(x)
         return x
 
@@ -101,6 +110,22 @@ class LocalModel(nn.Module):
     def full_model(self) -> hapi_models.SplittableModel:
         """The whole model with the trained weights (shared, not copied): save or upload it."""
         return self.model
+
+
+def _run_frozen(
+    arch: str, split: int, freeze: int, layers: nn.ModuleList, x: torch.Tensor
+) -> torch.Tensor:
+    """Layers ``[split, freeze)`` over ``x`` in the layout that measured faster on this device
+    (``channels_last`` or not; :class:`hapi_models.LayoutChooser`); the trainable layers after
+    them get a contiguous input, so that their training runs the kernels it always ran."""
+
+    def head(t: torch.Tensor) -> torch.Tensor:
+        for layer in layers:
+            t = layer(t)
+        return t
+
+    key = ("client-frozen", arch, split, freeze, tuple(x.shape[1:]), str(x.device))
+    return _LAYOUTS.forward(key, head, x).contiguous()
 
 
 class FeatureDataset(IterableDataset[Batch]):

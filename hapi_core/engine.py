@@ -29,7 +29,6 @@ from hapi_contract.frames import FrameEncoder
 
 from .decode_pool import DecodePool, DecodeTask
 from .devices import HOST_MEMORY, Device, HostMemoryProbe
-from .layout import LayoutChooser
 from .roofline import RooflineMeter
 
 log = logging.getLogger(__name__)
@@ -106,7 +105,7 @@ class ExtractionJob:
     decode_pool: DecodePool | None = None
     """The host's decode threads (None: the job's own thread decodes, with no overlap)."""
     decode_path: hapi_models.DecodePath = "fast"
-    layouts: LayoutChooser | None = None
+    layouts: hapi_models.LayoutChooser | None = None
     """The host's layout choices (None: the head runs on a contiguous input)."""
     decode_timeout_s: float = 600.0
     """Longest wait for one image's decode (a bound, never reached by a healthy pool)."""
@@ -291,7 +290,7 @@ class _Step:
     encoder: FrameEncoder
     batch_size: int
     device: torch.device
-    layouts: LayoutChooser | None
+    layouts: hapi_models.LayoutChooser | None
     layout_key: tuple[object, ...]
 
     def __call__(self, decoded: torch.Tensor, start: int, stats: JobStats) -> bytes:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 import torch
+from hapi_models import LayoutChooser
 
 from .adaptation import DeviceScheduler, Timers
 from .decode_pool import DecodePool, available_cores, split_threads
@@ -24,7 +25,6 @@ from .devices import (
 )
 from .estimates import MemoryEstimator
 from .host_allocator import bound_host_allocator
-from .layout import LayoutChooser
 from .metrics import Metrics
 from .roofline import RooflineMeter
 from .settings import CoreSettings

@@ -35,6 +35,7 @@ from .finetune import (
     train_step,
 )
 from .graph_split import GraphLayers, split_graph
+from .layout import LayoutChooser, to_layout
 from .listing import Listing, ModelListing, describe_model, describe_models
 from .profiling import LayerProfile, ModelProfile, profile
 from .registry import (
@@ -89,6 +90,7 @@ __all__ = [
     "decode_pixels",
     "named_errors",
     "LayerProfile",
+    "LayoutChooser",
     "ModelProfile",
     "ModelSpec",
     "PluginError",
@@ -119,6 +121,7 @@ __all__ = [
     "split_graph",
     "split_points",
     "thesis_models",
+    "to_layout",
     "torchvision_weights",
     "weights_to_bytes",
 ]

@@ -6,7 +6,7 @@ per (architecture, split, input shape, device), on the request's first batch, an
 memory. The two timings are one run each on a shared host, so a process that measured again
 could choose the other layout and compute features a few ulps apart from the last; a host
 therefore also keeps each choice on disk (``persist``), in HAPI's cache directory through
-:mod:`hapi_models.listing_cache` (a directory ``layout``, one JSON file per key, written whole),
+:mod:`.listing_cache` (a directory ``layout``, one JSON file per key, written whole),
 keyed by the head's key, the device and torch's version, so a restarted server runs each head
 in the layout it ran before. A file that cannot be read or written costs one timing, logged
 once, never a request. Only the input is converted: a convolution given a ``channels_last`` input runs and
@@ -24,7 +24,8 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
-from hapi_models import listing_cache
+
+from . import listing_cache
 
 __all__ = ["STORE_KIND", "LayoutChooser", "stored_key", "to_layout"]
 

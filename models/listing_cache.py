@@ -15,7 +15,7 @@ cannot be written costs the time of tracing again, never a failure.
 
 Other measurements that depend only on the code and the machine are kept the same way, each
 kind in a directory of its own (``kind``): the HAPI host's layout choice per head
-(:mod:`hapi_core.layout`).
+(:mod:`.layout`).
 """
 
 from __future__ import annotations

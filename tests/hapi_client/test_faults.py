@@ -60,7 +60,7 @@ SERVER_ENV = {
     "HAPI_B_MIN": "4",
     "HAPI_CPU_MEMORY_BUDGET_BYTES": str(3 * 2**30),
     # No layout pinned: a restarted server reads each head's layout choice from the session's
-    # HAPI_CACHE_DIR (hapi_core.layout) instead of timing itself into the other one, whose
+    # HAPI_CACHE_DIR (hapi_models.layout) instead of timing itself into the other one, whose
     # features a few ulps apart training would amplify past the weights' tolerance below.
 }
 # A short budget for the faults nobody repairs, so that the failure comes quickly.

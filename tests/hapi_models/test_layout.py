@@ -11,10 +11,8 @@ from typing import Any
 import hapi_models
 import pytest
 import torch
-from hapi_models import listing_cache
-
-from hapi_core import layout
-from hapi_core.layout import LayoutChooser, to_layout
+from hapi_models import layout, listing_cache
+from hapi_models.layout import LayoutChooser, to_layout
 
 # Convolutions reordered for another layout round differently; features agree to float32 noise.
 CLOSE: dict[str, Any] = {"rtol": 1e-4, "atol": 1e-4}

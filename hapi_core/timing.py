@@ -55,13 +55,16 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-#: Samples of the untimed warm-up pass.
-WARM_UP_SAMPLES = 2
-#: Seconds the timed pass may take: a head slower than this per sample times is timed over
-#: fewer samples, never fewer than ``MIN_TIMED_SAMPLES`` (per-sample times at 4 samples are within
-#: a few percent of larger batches' for a head heavy enough to need it).
-TIMED_PASS_S = 2.0
-MIN_TIMED_SAMPLES = 4
+#: Samples of the untimed warm-up pass: one sample runs every layer's kernels and allocations
+#: once, which is what the warm-up is for; each further sample only added to a cold plan.
+WARM_UP_SAMPLES = 1
+#: Seconds the timed pass may take: a head slower than this per sample is timed over fewer
+#: samples, never fewer than ``MIN_TIMED_SAMPLES``. A head that heavy runs large tensors through
+#: every layer, so its per-sample time at 2 samples is its time at a larger batch within the
+#: noise of a shared host; more samples cost a cold plan seconds (ViT-B/16 on a 2-core CPU:
+#: half a second or more each, on both the client and the server) for no better decision.
+TIMED_PASS_S = 1.0
+MIN_TIMED_SAMPLES = 2
 
 
 def timed_samples(per_sample_s: float | None, available: int) -> int:
@@ -103,8 +106,8 @@ def measure_head(
         with torch.inference_mode():
             per_sample = known_s
             if warm_up:
-                # A couple of samples warm the kernels and the allocator; a whole batch would
-                # double what a first timing costs on a CPU. Timed, they say how heavy a sample
+                # A sample warms the kernels and the allocator; a whole batch would
+                # double what a first timing costs on a CPU. Timed, it says how heavy a sample
                 # is (an overestimate: a first pass is slower).
                 _sync(device)
                 start = time.perf_counter()

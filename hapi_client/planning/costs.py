@@ -4,7 +4,8 @@ Three measurements, each made once per run:
 
 * the dataset's images: the first few of the first shard, from a ranged read that also probes
   the bandwidth (a few hundred kilobytes when the bandwidth is already known);
-* the server's costs: ``POST /v1/timings`` over those images' shard, on the server's device;
+* the server's costs: ``POST /v1/timings`` over those images' shard, on the server's device,
+  asked while the client times its own layers;
 * the client's costs: the same images decoded here, the frozen layers timed one by one and the
   trainable tail's forward, backward and optimizer step, on the device that will train (kept per
   process and on local disk, :mod:`.cost_cache`: the same model on the same machine costs the
@@ -16,6 +17,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -31,6 +33,7 @@ from hapi_contract import (
     OutputDtype,
     ShardSource,
     TimingsRequest,
+    TimingsResponse,
     TransformSpec,
     images_in_prefix,
 )
@@ -55,8 +58,8 @@ status = logging.getLogger("hapi_client.status")
 #: Samples per timed batch: per-sample times at this batch are within a few percent of larger
 #: ones on a CPU, and measuring stays a fraction of a second for the usual models.
 TIMING_BATCH = 16
-#: Samples of the untimed warm-up pass.
-WARM_UP_SAMPLES = 2
+#: Samples of the untimed warm-up pass (the server's rule, ``hapi_core.timing``).
+WARM_UP_SAMPLES = 1
 #: Images decoded to time the client's decode.
 DECODE_SAMPLES = 8
 #: A ``folder`` part's images read to time per-image reads: the read concurrency three times.
@@ -66,8 +69,8 @@ PROBE_BYTES = 8 << 20
 
 #: Seconds the timed pass may take: a head slower than this per sample is timed over fewer
 #: samples, never fewer than ``MIN_TIMED_SAMPLES`` (the server's rule, ``hapi_core.timing``).
-TIMED_PASS_S = 2.0
-MIN_TIMED_SAMPLES = 4
+TIMED_PASS_S = 1.0
+MIN_TIMED_SAMPLES = 2
 
 _client_costs: dict[tuple[object, ...], ClientCosts] = {}
 
@@ -157,9 +160,9 @@ def measure_client_costs(
     times: list[float] = []
     try:
         with torch.inference_mode():
-            # A couple of samples warm the kernels and the allocator: a whole batch would double
+            # A sample warms the kernels and the allocator: a whole batch would double
             # the seconds this costs on a CPU for no better steady state.
-            # Timed, they say how heavy a sample is: a heavy head is timed over fewer samples.
+            # Timed, it says how heavy a sample is: a heavy head is timed over fewer samples.
             _sync(device)
             t0 = time.perf_counter()
             warm = x[:WARM_UP_SAMPLES]
@@ -279,33 +282,25 @@ def measure_pipeline_costs(
     b_max: int,
 ) -> PipelineCosts:
     """The client's and the server's costs of every split up to the freeze index: the images
-    are read from ``swift``, the server's timings asked for through ``transport``."""
+    are read from ``swift``, the server's timings asked for through ``transport``.
+
+    The server is asked while the client times its own layers: a cold server loads the model
+    and times its head in the seconds the client's layers take, so a cold plan waits for the
+    slower of the two, not for their sum. The images are read first: the link probe among them
+    must not share the link with the server's reads of the shard and the weights.
+    """
     manifest = prepared.manifest
-    shard = manifest.shards[0]
     source = ShardSource.of(manifest, container, 0)
     stored = prepared.stored
     sampled = _sample_images(
         swift, source, manifest.mean_shard_bytes_per_sample, (stored.container, stored.object)
     )
-    images, rate = sampled.images, sampled.link_bytes_per_s
-    began = time.perf_counter()
-    client_costs = measure_client_costs(
-        prepared.net, prepared.transform, prepared.freeze_index, images, device
-    )
-    status.info(
-        "timings: the client's cost of layers [0, %d) on %s ready in %.2f s",
-        prepared.freeze_index,
-        device,
-        time.perf_counter() - began,
-    )
+    images, rate, objects_per_s = sampled.images, sampled.link_bytes_per_s, sampled.objects_per_s
     freeze = prepared.freeze_index
     if freeze == 0:
+        client_costs = _time_client(prepared, images, device)
         return PipelineCosts(
-            client_costs,
-            None,
-            "the freeze index is 0: nothing to push down",
-            rate,
-            sampled.objects_per_s,
+            client_costs, None, "the freeze index is 0: nothing to push down", rate, objects_per_s
         )
     req = TimingsRequest(
         container=source.container,
@@ -313,38 +308,38 @@ def measure_pipeline_costs(
         layout=source.layout,
         data_container=source.data_container,
         label_field=source.label_field,
-        model=prepared.stored.ref(),
+        model=stored.ref(),
         split_index=freeze,
         transform=TransformSpec.model_validate(prepared.transform),
         b_max=b_max,
         profile=prepared.profile_spec,
         output_dtype=output_dtype,
         compression=compression,
-        samples=min(TIMING_BATCH, shard.samples, b_max),
+        samples=min(TIMING_BATCH, manifest.shards[0].samples, b_max),
     )
     status.info(
         "timings: asking the server for the cost of layers [0, %d) of %s on its device",
         freeze,
-        prepared.stored.arch,
+        stored.arch,
     )
-    began = time.perf_counter()
-    try:
-        got = transport.timings(req)
-        status.info(
-            "timings: the server's cost of layers [0, %d) %s in %.2f s",
-            freeze,
-            "answered from its kept timings" if got.cached else "measured",
-            time.perf_counter() - began,
-        )
-    except HapiClientError as exc:
-        log.warning("the server's timings are unavailable (%s): split by Algorithm 2", exc)
-        return PipelineCosts(
-            client_costs,
-            None,
-            f"the server's timings are unavailable: {exc}",
-            rate,
-            sampled.objects_per_s,
-        )
+    with ThreadPoolExecutor(1, "hapi-server-timings") as pool:
+        asked = pool.submit(_timed, transport.timings, req)
+        client_costs = _time_client(prepared, images, device)
+        # Bounded: the transport's request timeout and retry policy bound the request.
+        try:
+            got, seconds = asked.result()
+        except HapiClientError as exc:
+            log.warning("the server's timings are unavailable (%s): split by Algorithm 2", exc)
+            missing = f"the server's timings are unavailable: {exc}"
+            return PipelineCosts(client_costs, None, missing, rate, objects_per_s)
+    # Said after the client's line, whichever finished first: the server's answer is the last
+    # thing the decision waits for.
+    status.info(
+        "timings: the server's cost of layers [0, %d) %s in %.2f s",
+        freeze,
+        "answered from its kept timings" if got.cached else "measured",
+        seconds,
+    )
     server = ServerCosts(
         got.decode_s_per_sample,
         got.layer_s_per_sample,
@@ -354,4 +349,26 @@ def measure_pipeline_costs(
         got.device,
         got.cached,
     )
-    return PipelineCosts(client_costs, server, "", rate, sampled.objects_per_s)
+    return PipelineCosts(client_costs, server, "", rate, objects_per_s)
+
+
+def _time_client(prepared: PreparedModel, images: list[bytes], device: torch.device) -> ClientCosts:
+    began = time.perf_counter()
+    costs = measure_client_costs(
+        prepared.net, prepared.transform, prepared.freeze_index, images, device
+    )
+    status.info(
+        "timings: the client's cost of layers [0, %d) on %s ready in %.2f s",
+        prepared.freeze_index,
+        device,
+        time.perf_counter() - began,
+    )
+    return costs
+
+
+def _timed(
+    ask: Callable[[TimingsRequest], TimingsResponse], req: TimingsRequest
+) -> tuple[TimingsResponse, float]:
+    began = time.perf_counter()
+    got = ask(req)
+    return got, time.perf_counter() - began

@@ -12,7 +12,6 @@ So admission, memory planning, model loading and timing exist once, not once per
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -28,9 +27,9 @@ __all__ = [
     "GetMany",
     "Head",
     "ObjectInfo",
+    "ReadWindow",
     "Reserve",
     "StoredObject",
-    "get_many_in_threads",
     "run_async",
     "run_blocking",
 ]
@@ -74,7 +73,8 @@ class Get:
 class GetMany:
     """Read each of ``objs`` in ``container`` as the caller, each at most ``max_bytes_each``
     (413 over), at most ``concurrency`` at once; their :class:`StoredObject` in the order of
-    ``objs``. The first refusal (401, 403, 404, 413...) is raised and the other reads stop.
+    ``objs``. At the first refusal (401, 403, 404, 413...) no more reads start, and it is raised
+    once those in flight have finished (:class:`ReadWindow`, the one policy both hosts keep).
 
     One storage request per object, as the thesis' storage requests are: the images of a
     ``folder`` dataset's part (:mod:`hapi_contract.layouts`).
@@ -137,34 +137,54 @@ def _resume(flow: Flow[T], ok: bool, value: Any) -> tuple[bool, Any]:
     return False, effect
 
 
-def get_many_in_threads(
-    effect: GetMany, get: Callable[[Get], StoredObject], *, pool: Executor | None = None
-) -> list[StoredObject]:
-    """Perform ``effect`` with a blocking ``get`` of one object: in ``pool`` (at most
-    ``effect.concurrency`` reads submitted at a time), or one after the other without one.
+class ReadWindow:
+    """Which reads of a :class:`GetMany` to start, and its outcome: the policy both hosts keep,
+    each driving it with its own concurrency (asyncio tasks, eventlet green threads).
 
-    The first refusal is raised as soon as it happens (not after the reads before it in
-    order); the reads not yet started are not made."""
-    reads = [Get(effect.container, obj, effect.max_bytes_each) for obj in effect.objs]
-    if pool is None or effect.concurrency == 1:
-        return [get(read) for read in reads]
-    window = max(1, effect.concurrency)
-    results: dict[int, StoredObject] = {}
-    running: dict[Future[StoredObject], int] = {}
-    queued = iter(enumerate(reads))
-    try:
-        while True:
-            while len(running) < window and (item := next(queued, None)) is not None:
-                running[pool.submit(get, item[1])] = item[0]
-            if not running:
-                break
-            finished, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in finished:
-                results[running.pop(future)] = future.result()
-    finally:
-        for future in running:
-            future.cancel()
-    return [results[i] for i in range(len(reads))]
+    At most ``concurrency`` reads are in flight, started in order. At the first refusal no more
+    start (a part naming 1000 deleted images costs at most that many more requests, not 999),
+    and it is raised once the reads in flight have finished: a read stopped midway would not
+    stop the proxy's side of its GET, whose container lookup could then write an old ACL back
+    into memcached after the caller, refused, has changed it.
+    """
+
+    def __init__(self, effect: GetMany) -> None:
+        self._count = len(effect.objs)
+        self._window = max(1, effect.concurrency)
+        self._started = self._finished = 0
+        self._results: dict[int, StoredObject] = {}
+        self._refusal: BaseException | None = None
+
+    @property
+    def open(self) -> bool:
+        """Reads are in flight or still to start: the driver waits for the next to finish."""
+        return self._finished < self._started or (
+            self._refusal is None and self._started < self._count
+        )
+
+    def to_start(self) -> range:
+        """The indexes (into ``objs``) of the reads to start now; they count as in flight."""
+        if self._refusal is not None:
+            return range(0)
+        first = self._started
+        self._started = min(self._count, self._finished + self._window)
+        return range(first, self._started)
+
+    def finished(self, index: int, outcome: StoredObject | BaseException) -> None:
+        """Read ``index`` ended with ``outcome``: its object, or its refusal."""
+        self._finished += 1
+        if isinstance(outcome, BaseException):
+            self._refusal = self._refusal or outcome
+        else:
+            self._results[index] = outcome
+
+    def result(self) -> list[StoredObject]:
+        """The objects in the order of ``objs``, once closed; the first refusal raised."""
+        if self.open:
+            raise RuntimeError("the reads of this GetMany have not all finished")
+        if self._refusal is not None:
+            raise self._refusal
+        return [self._results[i] for i in range(self._count)]
 
 
 # The two drivers differ only in ``await``: Python cannot write one loop for both.

@@ -26,6 +26,7 @@ from hapi_core import (
     JobCancelled,
     JobStats,
     PreparedExtraction,
+    ReadWindow,
     Reserve,
     SharedExtraction,
     StoredObject,
@@ -86,45 +87,33 @@ class ServerHost:
         return stored
 
     async def get_many(self, effect: GetMany) -> list[StoredObject]:
-        """Each object as the caller, at most ``effect.concurrency`` reads in flight. At the first
-        refusal no more start (a part naming 1000 deleted images costs at most that many more
-        requests, not 999), and it is raised once the reads in flight have finished: cancelling
-        them would not stop the proxy's side of their GETs, whose container lookups could then
-        write an old ACL back into memcached after the caller, refused, has changed it."""
+        """Each object as the caller, in asyncio tasks, as :class:`~hapi_core.ReadWindow` says."""
         swift, caller, objs = self.state.swift, self.caller, effect.objs
 
-        async def one(index: int) -> tuple[int, StoredObject]:
-            obj = objs[index]
-            stored = await swift.get(caller, effect.container, obj, max_bytes=effect.max_bytes_each)
+        async def one(index: int) -> tuple[int, StoredObject | Exception]:
+            try:
+                stored = await swift.get(
+                    caller, effect.container, objs[index], max_bytes=effect.max_bytes_each
+                )
+            except Exception as exc:  # noqa: BLE001 - the window raises it once the others end
+                return index, exc
             self.state.metrics.swift_read_bytes.inc(len(stored.data))
             return index, stored
 
-        results: dict[int, StoredObject] = {}
-        refusal: BaseException | None = None
-        started = 0
-        in_flight: set[asyncio.Task[tuple[int, StoredObject]]] = set()
+        window = ReadWindow(effect)
+        in_flight: set[asyncio.Task[tuple[int, StoredObject | Exception]]] = set()
         try:
-            while in_flight or (refusal is None and started < len(objs)):
-                while (
-                    refusal is None and started < len(objs) and len(in_flight) < effect.concurrency
-                ):
-                    in_flight.add(asyncio.create_task(one(started)))
-                    started += 1
+            while window.open:
+                in_flight.update(asyncio.create_task(one(i)) for i in window.to_start())
                 done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
-                    if (exc := task.exception()) is not None:
-                        refusal = refusal or exc
-                    else:
-                        index, stored = task.result()
-                        results[index] = stored
+                    window.finished(*task.result())
         finally:
             # Only when this request itself is cancelled (the client left) are reads still running.
             for task in in_flight:
                 task.cancel()
             await asyncio.gather(*in_flight, return_exceptions=True)
-        if refusal is not None:
-            raise refusal
-        return [results[i] for i in range(len(objs))]
+        return window.result()
 
     async def run(self, flow: Flow[T]) -> T:
         """Run ``flow`` for this host's caller."""

@@ -1,8 +1,8 @@
 """The core's read of a shard in every layout, driven by ``run_blocking`` over fake objects.
 
 The flow is the one both hosts run (:func:`hapi_core.read_samples`); here its effects are
-performed by a dict of objects, and the folder part's images by :func:`get_many_in_threads`,
-the blocking way to perform a ``GetMany``.
+performed by a dict of objects, and the folder part's images by threads that a
+:class:`~hapi_core.ReadWindow` drives, as the two real hosts drive it with their own concurrency.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import dataclasses
 import io
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -32,8 +32,8 @@ from hapi_core import (
     ObjectChangedError,
     ObjectInfo,
     PayloadTooLargeError,
+    ReadWindow,
     StoredObject,
-    get_many_in_threads,
     read_samples,
     run_blocking,
 )
@@ -58,6 +58,23 @@ def _part(images: list[bytes] = IMAGES, names: list[str] = NAMES) -> bytes:
         PartEntry(name=n, etag=md5_hex(b), bytes=len(b), label=lab)
         for n, b, lab in zip(names, images, LABELS, strict=True)
     )
+
+
+def _get_many_in_threads(
+    effect: GetMany, get: Callable[[Get], StoredObject], pool: ThreadPoolExecutor
+) -> list[StoredObject]:
+    """The fake host's ``GetMany``: reads in ``pool``'s threads, as the window says."""
+    window = ReadWindow(effect)
+    running: dict[Future[StoredObject], int] = {}
+    while window.open:
+        for index in window.to_start():
+            read = Get(effect.container, effect.objs[index], effect.max_bytes_each)
+            running[pool.submit(get, read)] = index
+        finished, _ = wait(running, return_when=FIRST_COMPLETED)
+        for future in finished:
+            error = future.exception()
+            window.finished(running.pop(future), future.result() if error is None else error)
+    return window.result()
 
 
 class Store:
@@ -93,7 +110,7 @@ class Store:
                 return self.get(effect)
             case GetMany():
                 self.get_many.append(effect)
-                return get_many_in_threads(effect, self.get, pool=self.pool)
+                return _get_many_in_threads(effect, self.get, self.pool)
             case Compute(work):
                 return work()
         raise AssertionError(effect)
@@ -241,27 +258,36 @@ def _blocking_get(
     return get, most, started
 
 
-def test_get_many_in_threads_keeps_order_and_never_exceeds_its_concurrency() -> None:
+def test_a_read_window_keeps_order_and_never_exceeds_its_concurrency() -> None:
     names = tuple(f"o{i}" for i in range(12))
     get, most, _ = _blocking_get(4)
     with ThreadPoolExecutor(8) as pool:
-        got = get_many_in_threads(GetMany("c", names, 10, 4), get, pool=pool)
+        got = _get_many_in_threads(GetMany("c", names, 10, 4), get, pool)
     assert [o.data.decode() for o in got] == list(names)
     assert most[0] == 4
 
 
-def test_get_many_in_threads_stops_at_the_first_refusal() -> None:
-    names = tuple(f"o{i}" for i in range(50))
-    get, _, started = _blocking_get(2, fail="o0")
-    with ThreadPoolExecutor(8) as pool, pytest.raises(NotFoundError, match="o0"):
-        get_many_in_threads(GetMany("c", names, 10, 2), get, pool=pool)
-    assert len(started) <= 2
+def test_a_read_window_starts_nothing_after_a_refusal_and_raises_it_once_the_others_end() -> None:
+    window = ReadWindow(GetMany("c", tuple(f"o{i}" for i in range(5)), 10, 2))
+    assert list(window.to_start()) == [0, 1]
+    window.finished(1, StoredObject(b"1", ""))
+    assert list(window.to_start()) == [2]
+    window.finished(0, NotFoundError("o0 not found"))
+    assert list(window.to_start()) == [] and window.open  # read 2 is still in flight
+    with pytest.raises(RuntimeError, match="not all finished"):
+        window.result()
+    window.finished(2, StoredObject(b"2", ""))
+    assert not window.open
+    with pytest.raises(NotFoundError, match="o0"):
+        window.result()
 
 
-def test_get_many_without_a_pool_reads_one_after_the_other() -> None:
-    get, most, _ = _blocking_get(1)
-    got = get_many_in_threads(GetMany("c", ("a", "b"), 10, 8), get)
-    assert [o.data for o in got] == [b"a", b"b"] and most[0] == 1
+def test_a_read_window_gives_the_objects_in_order_whatever_order_they_end_in() -> None:
+    window = ReadWindow(GetMany("c", ("a", "b", "c"), 10, 8))
+    assert list(window.to_start()) == [0, 1, 2]
+    for index in (2, 0, 1):
+        window.finished(index, StoredObject("abc"[index].encode(), ""))
+    assert [o.data for o in window.result()] == [b"a", b"b", b"c"]
 
 
 @pytest.mark.parametrize("layout", list(DatasetLayout))

@@ -106,6 +106,8 @@ def _round(testbed: Testbed, specs: list[RunSpec], check: Any) -> dict[str, Any]
     return {
         "server_cpu_s": round(parts.server_cpu, 3),
         "storage_cpu_s": round(parts.storage_cpu, 3),
+        # The jobs are threads of this process: their training, on the client's cores.
+        "client_cpu_s": round(parts.client_cpu, 3),
         "wall_s": [round(w, 3) for w in walls],
         "slowest_wall_s": round(max(walls), 3),
         "mean_wall_s": round(statistics.fmean(walls), 3),

@@ -9,8 +9,10 @@ from hapi_bench import SCENARIOS, ResultSet, write_report
 MB = 1_000_000
 
 
-def _row(store: str, jobs: int, cpu: float, swift_mb: float, wall: float) -> dict[str, object]:
-    return {
+def _row(
+    store: str, jobs: int, cpu: float, swift_mb: float, wall: float, client_cpu: float | None
+) -> dict[str, object]:
+    row: dict[str, object] = {
         "store": store,
         "jobs": jobs,
         "server_cpu_s": cpu,
@@ -24,9 +26,14 @@ def _row(store: str, jobs: int, cpu: float, swift_mb: float, wall: float) -> dic
         "store_hits": 0,
         "store_coalesced": jobs - 1,
     }
+    if client_cpu is not None:  # recorded since the client's share was in question
+        row["client_cpu_s"] = client_cpu * jobs
+    return row
 
 
-def _write(tmp_path: Path, walls_on: tuple[float, float, float]) -> str:
+def _write(
+    tmp_path: Path, walls_on: tuple[float, float, float], client_cpu: float | None = None
+) -> str:
     results = ResultSet.start(
         "sweep",
         testbed={
@@ -40,11 +47,12 @@ def _write(tmp_path: Path, walls_on: tuple[float, float, float]) -> str:
         store_bytes=512 * 2**20,
         dataset={"container": "bench-sweep-8x40", "samples": 80},
         shard_samples=40,
+        load_average_start=[2.5, 2.0, 1.0],
     )
     for jobs, cpu, wall in ((1, 3.35, 7.9), (2, 6.67, 18.5), (4, 13.65, 46.4)):
-        results.add(_row("off", jobs, cpu, 9.13 * jobs, wall))
+        results.add(_row("off", jobs, cpu, 9.13 * jobs, wall, client_cpu))
     for jobs, cpu, wall in zip((1, 2, 4), (3.32, 3.52, 3.74), walls_on, strict=True):
-        results.add(_row("on", jobs, cpu, 9.13, wall))
+        results.add(_row("on", jobs, cpu, 9.13, wall, client_cpu))
     results.write(tmp_path)
     text = write_report(tmp_path, tmp_path / "results.md").read_text()
     return text[text.index("## One extraction for many jobs: a sweep (issue 32)") :]
@@ -69,10 +77,28 @@ def test_the_report_shows_each_job_count_and_the_goals_ratios(tmp_path: Path) ->
         in section
     )
     assert "The wall goal is not met here" in section
-    assert "the 4 fine-tunes then share the client's single core" in section
+    # A run without the client's CPU seconds does not guess why.
+    assert "did not record the client's CPU seconds" in section
+    assert "then share the client's" not in section
     # One job was slower with the store while the server did the same work: said, with both.
     assert "(10.0 s against 7.9 s)" in section and "(3.32 against 3.35)" in section
     assert "on by default (256 MiB;" in section
+    assert "1-minute load average 2.5 when the scenario began and " in section
+
+
+def test_the_client_cpu_seconds_say_whether_the_client_was_the_bound(tmp_path: Path) -> None:
+    # 4 jobs of 4 client CPU seconds each on one client core, 18 s: the client was the bound.
+    bound = _write(tmp_path, (10.0, 10.2, 18.0), client_cpu=4.0)
+    assert "took 16.00 CPU seconds on the client's single core (one job: 4.00)" in bound
+    assert "busy 89% of the slowest job's wall time" in bound
+    assert "the 4 fine-tunes then share the client's single core" in bound
+    # 1 s each: the client was mostly idle, so it is not blamed; the server's contention is said
+    # (stage seconds 3x the CPU seconds in every row of the made-up run).
+    idle = _write(tmp_path, (10.0, 10.2, 18.0), client_cpu=1.0)
+    assert "busy 22% of the slowest job's wall time" in idle
+    assert "share the client's" not in idle
+    assert "neither side's CPU seconds account for it" in idle
+    assert "were 3.0 with one job and 3.0 with 4" in idle
 
 
 def test_a_met_wall_goal_is_not_explained_away(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from fastapi.responses import Response
 
 from hapi_contract import FINETUNE_PATH, HEADER_METRICS, HEADER_SHA256, FinetuneRequest
 
-from .. import finetune, route_docs
+from .. import all_in_cos, route_docs
 from ..deps import CallerDep, StateDep
 
 router = APIRouter()
@@ -16,7 +16,7 @@ router = APIRouter()
 @router.post(FINETUNE_PATH, response_class=Response, responses=route_docs.finetune_responses())
 async def finetune_route(req: FinetuneRequest, state: StateDep, caller: CallerDep) -> Response:
     """ALL_IN_COS: fine-tune on the server; the body is the trained weights (safetensors)."""
-    blob, metrics = await finetune.run_finetune(state, caller, req)
+    blob, metrics = await all_in_cos.run_all_in_cos(state, caller, req)
     return Response(
         blob,
         media_type="application/octet-stream",

@@ -30,7 +30,7 @@ from hapi_core.errors import (
     UnauthorizedError,
 )
 from hapi_core.estimates import model_footprint
-from hapi_server.finetune import gather_bounded
+from hapi_server.all_in_cos import gather_bounded
 from hapi_server.swift_io import Caller, SwiftReader
 from hapi_stack import RunningStack
 

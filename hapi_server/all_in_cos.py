@@ -260,7 +260,7 @@ def _training_bytes(req: FinetuneRequest) -> int:
     return fp * (2 + slots[req.optimizer.name])
 
 
-async def run_finetune(
+async def run_all_in_cos(
     state: ServerState, caller: Caller, req: FinetuneRequest
 ) -> tuple[bytes, FinetuneMetrics]:
     """Cheap checks, then the reads' sizes, then admission (the shards' bytes and the model's

@@ -39,7 +39,7 @@ from hapi_core.extraction import (
 )
 from hapi_core.flow import Flow
 
-from .extraction import ServerHost
+from .core_host import ServerHost
 from .state import ServerState
 from .swift_io import Caller
 

@@ -13,7 +13,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from hapi_contract import CONTENT_TYPE_FRAMES, EXTRACT_PATH, ExtractRequest
 
-from .. import extraction, route_docs
+from .. import core_host, route_docs
 from ..deps import CallerDep, StateDep
 
 router = APIRouter()
@@ -77,11 +77,11 @@ class _ReleasingStreamingResponse(StreamingResponse):
 )
 async def extract(req: ExtractRequest, state: StateDep, caller: CallerDep) -> StreamingResponse:
     """Run layers ``[0, split_index)`` over one shard and stream the features."""
-    prep = await extraction.prepare(state, caller, req)
+    prep = await core_host.prepare(state, caller, req)
     return _ReleasingStreamingResponse(
-        extraction.stream(state, prep),
-        on_close=lambda: extraction.abandon(state, prep),
+        core_host.stream(state, prep),
+        on_close=lambda: core_host.abandon(state, prep),
         send_timeout_s=state.settings.send_timeout_s,
         media_type=CONTENT_TYPE_FRAMES,
-        headers=extraction.headers(prep),
+        headers=core_host.headers(prep),
     )

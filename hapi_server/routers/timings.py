@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from hapi_contract import TIMINGS_PATH, TimingsRequest, TimingsResponse
 
-from .. import extraction, route_docs
+from .. import core_host, route_docs
 from ..deps import CallerDep, StateDep
 
 router = APIRouter()
@@ -15,4 +15,4 @@ router = APIRouter()
 @router.post(TIMINGS_PATH, response_model=TimingsResponse, responses=route_docs.timings_responses())
 async def timings(req: TimingsRequest, state: StateDep, caller: CallerDep) -> TimingsResponse:
     """Time the decode, layers ``[0, split_index)`` and the encoding over a shard's first images."""
-    return await extraction.time_request(state, caller, req)
+    return await core_host.time_request(state, caller, req)

@@ -15,7 +15,7 @@ import pytest
 
 from hapi_core import ForbiddenError, GetMany, StoredObject
 from hapi_core.metrics import Metrics
-from hapi_server.extraction import ServerHost
+from hapi_server.core_host import ServerHost
 from hapi_server.state import ServerState
 from hapi_server.swift_io import Caller
 

@@ -20,7 +20,7 @@ from hapi_core.devices import Device
 from hapi_core.metrics import Metrics
 from hapi_core.solver import Demand
 from hapi_server import ServerSettings
-from hapi_server.extraction import PreparedExtraction, abandon, finish
+from hapi_server.core_host import PreparedExtraction, abandon, finish
 from hapi_server.routers.extract import _ReleasingStreamingResponse
 
 pytestmark = pytest.mark.anyio

@@ -386,11 +386,12 @@ def test_the_filter_logs_through_swifts_logger_with_the_transaction_id() -> None
 
 
 _IMPORTS_AFTER_BUILD = """
-import json, sys
+import gc, json, sys
 from swift_middleware import filter_factory
 filter_factory({}, **json.loads(sys.argv[1]))(lambda env, start_response: [])
-print(json.dumps({m: m in sys.modules for m in ("torch", "torchvision.models",
-                                                 "hapi_core.extraction", "hapi_core.engine")}))
+found = {m: m in sys.modules for m in ("torch", "torchvision.models",
+                                       "hapi_core.extraction", "hapi_core.engine")}
+print(json.dumps({**found, "frozen": gc.get_freeze_count() > 0}))
 """
 
 
@@ -405,7 +406,8 @@ def test_an_in_proxy_filter_imports_the_core_when_built_a_decoupled_one_never(
     options: dict[str, str], loaded: bool
 ) -> None:
     # Imported on the first request instead, torch's import held the proxy's hub (and the GIL)
-    # for seconds: every request of the proxy stalled (in_proxy.py's module doc). A fresh
+    # for seconds: every request of the proxy stalled (in_proxy.py's module doc); and what the
+    # imports leave is frozen, out of the cyclic collector's full collections. A fresh
     # interpreter, since this one has imported everything long ago.
     done = subprocess.run(  # noqa: S603 - this interpreter, a fixed script
         [sys.executable, "-c", _IMPORTS_AFTER_BUILD, json.dumps(options)],

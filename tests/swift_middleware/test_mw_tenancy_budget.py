@@ -9,12 +9,14 @@ The proxy runs as the issue's did (``torch_threads`` 1, 2 slots), with a 1 GiB b
   activations are about 21 MB), each of which fits alone;
 * a shard of 160 large JPEGs (about 60 MB) read by two requests at once.
 
-Peak memory and a bystander's GET latency are printed (``-s``); the bound asserted is memory,
-never time.
+Peak memory and the latency of a bystander's plain GET every 0.5 s through the same proxy
+(p50, p99, max) are printed (``-s``); the bound asserted is memory, never time, and that every
+bystander GET is answered.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +37,9 @@ pytestmark = pytest.mark.swift
 # peak 2001-2131 MiB with glibc's default malloc (1903 MiB still resident once all had ended:
 # per-thread arenas and the dynamic mmap threshold kept what requests freed), 989 MiB with
 # hapi_core.host_allocator's bound; the large shard twice, both 200, 1136 MiB before, 982 after.
+# The bystander during the eight requests (the proxy's first): p99 4488 ms while the first
+# request imported torch on the proxy's hub, 262-556 ms once the filter imports the core when
+# it is built (swift_middleware/in_proxy.py); during the large shard, p99 309-563 ms.
 BUDGET = 1 << 30
 RESERVE = 128 << 20
 CLEAN = {200, 503, 504, 507}
@@ -67,6 +72,7 @@ class Bystander:
 
     def __init__(self, proxy: ProxyProcess, token: str) -> None:
         self.latencies: list[float] = []
+        self.failures = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(proxy, token), daemon=True)
         self._thread.start()
@@ -74,15 +80,35 @@ class Bystander:
     def _run(self, proxy: ProxyProcess, token: str) -> None:
         while not self._stop.wait(0.5):
             start = time.perf_counter()
-            resp = httpx.get(shard_url(proxy), headers={"X-Auth-Token": token}, timeout=60)
+            try:
+                resp = httpx.get(shard_url(proxy), headers={"X-Auth-Token": token}, timeout=60)
+            except httpx.HTTPError:
+                self.failures += 1
+                continue
             if resp.status_code == 200:
                 self.latencies.append(time.perf_counter() - start)
+            else:
+                self.failures += 1
 
     def stop(self) -> str:
         self._stop.set()
         self._thread.join(65)
-        worst = max(self.latencies, default=0.0)
-        return f"bystander GETs {len(self.latencies)}, slowest {worst * 1000:.0f} ms"
+        return (
+            f"bystander GETs {len(self.latencies)} ({self.failures} failed), "
+            f"{latency_summary(self.latencies)}"
+        )
+
+
+def latency_summary(latencies: list[float]) -> str:
+    """p50, p99 and max of ``latencies`` (seconds) in ms; p99 is the nearest rank."""
+    if not latencies:
+        return "no latencies"
+    ranked = sorted(latencies)
+
+    def rank(q: float) -> float:
+        return ranked[min(len(ranked) - 1, math.ceil(q * len(ranked)) - 1)] * 1000
+
+    return f"p50 {rank(0.50):.0f} ms, p99 {rank(0.99):.0f} ms, max {ranked[-1] * 1000:.0f} ms"
 
 
 def run_case(
@@ -105,6 +131,7 @@ def run_case(
         line = f"{rss.stop()}, {bystander.stop()}"
     print(f"\n{statuses}: {line}, budget {BUDGET >> 20} MiB")
     assert set(statuses) <= CLEAN, statuses
+    assert bystander.failures == 0, f"plain GETs through the proxy failed: {line}"
     assert rss.peak <= BUDGET * 1.10, (
         f"peak RSS {rss.peak >> 20} MiB over the budget {BUDGET >> 20} MiB + 10 %"
     )

@@ -10,7 +10,7 @@ server adds its FastAPI routes and settings, the Swift filter its WSGI glue and 
 thread pool. Both answer the same input with the same status and code.
 
 Importing the package loads no torch (PEP 562): the Swift filter imports its errors and
-settings at proxy start, and torch only on its first in-proxy request.
+settings at proxy start, and torch only when an in-proxy filter is built.
 """
 
 from typing import TYPE_CHECKING

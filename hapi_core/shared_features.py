@@ -17,8 +17,11 @@ HEAD publishes nothing.
 The store holds each entry whole (per-sample features at the wire dtype and the labels): the
 sample order and the framing are the requester's, never the computing request's. It is bounded
 in bytes and evicts the least recently used entry; with a directory, entries are safetensors
-files there (no pickle). A directory that cannot be written (removed, full, read-only) turns
-the store off, said once in the log; a request never fails because of the store.
+files (no pickle) in this process's own subdirectory of it, so that processes sharing the
+directory (proxy workers, a restarted server beside a running one) each bound their own, and a
+store starting removes those of processes that have ended (:mod:`hapi_core.store_directory`).
+A directory that cannot be written (removed, full, read-only) turns the store off, said once in
+the log; a request never fails because of the store.
 
 Neither the store nor a computation's copy is in the per-request memory plan, so both are
 bounded by the same figure: the copies that computations in flight record (:class:`Recording`)
@@ -48,6 +51,7 @@ from hapi_contract.frames import FrameEncoder
 
 from .errors import RequestTimeoutError
 from .metrics import Metrics
+from .store_directory import OwnedDirectory, claim, remove_ended
 
 __all__ = [
     "Computation",
@@ -323,8 +327,9 @@ class _Entry:
 
 class FeatureStore:
     """Computed features by :class:`FeatureKey`, at most ``capacity_bytes``, least recently
-    used evicted first; in memory, or as files in ``directory``. Capacity 0: off (neither
-    stored nor coalesced)."""
+    used evicted first; in memory, or as files in this process's subdirectory of ``directory``
+    (:func:`~hapi_core.store_directory.claim`), where those of ended processes are removed when
+    the store starts. Capacity 0: off (neither stored nor coalesced)."""
 
     def __init__(
         self, capacity_bytes: int, directory: str | Path | None, metrics: Metrics | None
@@ -338,11 +343,20 @@ class FeatureStore:
         self.bytes = 0
         self.recording = Recording(capacity_bytes)
         self.enabled = capacity_bytes > 0
+        self._owned: OwnedDirectory | None = None
         if self.enabled and self.directory is not None:
             try:
-                self.directory.mkdir(parents=True, exist_ok=True)
+                self._owned = claim(self.directory)
+                ended = remove_ended(self.directory)
             except OSError as exc:
                 self._give_up(exc)
+            else:
+                if ended:
+                    log.info(
+                        "feature store %s: removed the entries of %d ended process(es)",
+                        self.directory,
+                        len(ended),
+                    )
 
     def _count(self, what: str, amount: float = 1) -> None:
         if self._metrics is not None:
@@ -425,7 +439,7 @@ class FeatureStore:
         if not self.enabled or nbytes > self.capacity_bytes:
             return
         entry = _Entry(nbytes, shared)
-        if self.directory is not None:
+        if self._owned is not None:
             try:
                 self._write(key, shared)
             except Exception as exc:  # noqa: BLE001 - safetensors' own errors too (disk full)
@@ -454,13 +468,13 @@ class FeatureStore:
         return len(self._entries)
 
     def _path(self, key: FeatureKey) -> Path:
-        assert self.directory is not None
-        return self.directory / f"{key.digest()}.safetensors"
+        assert self._owned is not None
+        return self._owned.path / f"{key.digest()}.safetensors"
 
     def _write(self, key: FeatureKey, shared: SharedFeatures) -> None:
-        assert self.directory is not None
+        assert self._owned is not None
         # Written whole, then renamed: a reader never sees half a file.
-        fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".part")
+        fd, tmp = tempfile.mkstemp(dir=self._owned.path, suffix=".part")
         os.close(fd)
         try:
             save_file(
@@ -488,7 +502,7 @@ class FeatureStore:
             return None
 
     def _remove(self, key: FeatureKey) -> None:
-        if self.directory is not None:
+        if self._owned is not None:
             try:
                 self._path(key).unlink(missing_ok=True)
             except OSError as exc:

@@ -4,6 +4,9 @@ coalescing's ownership rules and re-framing at a request's own COS batch size (u
 from __future__ import annotations
 
 import logging
+import shutil
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,6 +27,7 @@ from hapi_core.shared_features import (
     SharedFeatures,
     reframe,
 )
+from hapi_core.store_directory import LOCK_NAME
 
 
 def key(shard: str = "AUTH_a/data/s0.tar", etag: str = "e1", sha: str = "f" * 64) -> FeatureKey:
@@ -176,9 +180,9 @@ def test_directory_store_round_trips_files_and_evicts_them(tmp_path: Path) -> No
     store = FeatureStore(one, tmp_path / "store", None)
     store.put(key("AUTH_a/d/a"), features(4, seed=1))
     assert torch.equal(stored(store, key("AUTH_a/d/a")).features, features(4, seed=1).features)
-    assert len(list((tmp_path / "store").glob("*.safetensors"))) == 1
+    assert len(list((tmp_path / "store").rglob("*.safetensors"))) == 1
     store.put(key("AUTH_a/d/b"), features(4, seed=2))
-    files = list((tmp_path / "store").glob("*.safetensors"))
+    files = list((tmp_path / "store").rglob("*.safetensors"))
     assert len(files) == 1 and files[0].name == key("AUTH_a/d/b").digest() + ".safetensors"
 
 
@@ -202,15 +206,96 @@ def test_directory_removed_later_degrades_without_raising(
     directory = tmp_path / "store"
     store = FeatureStore(1 << 20, directory, None)
     store.put(key("AUTH_a/d/a"), features(3))
-    for f in directory.iterdir():
-        f.unlink()
-    directory.rmdir()
+    shutil.rmtree(directory)
     directory.write_bytes(b"")  # a file where the directory was: every write fails
     caplog.set_level(logging.WARNING, logger="hapi_core.shared_features")
     store.put(key("AUTH_a/d/b"), features(3))
     store.put(key("AUTH_a/d/c"), features(3))
     assert not store.enabled and len(store) == 0
     assert len([r for r in caplog.records if "without a feature store" in r.message]) == 1
+
+
+# A sibling process sharing the store's directory: it claims its subdirectory as a store does,
+# leaves there an entry and the ``.part`` of a write in progress, and runs until killed.
+_SIBLING = """
+import sys
+from pathlib import Path
+from hapi_core.store_directory import claim
+owned = claim(Path(sys.argv[1]))
+(owned.path / "e.safetensors").write_bytes(b"x" * 100)
+(owned.path / "tmp1234.part").write_bytes(b"x" * 50)
+print(owned.path, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_killed_process_leftovers_go_when_a_store_starts_a_running_ones_stay(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "store"
+    sibling = subprocess.Popen(
+        [sys.executable, "-c", _SIBLING, str(root)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert sibling.stdout is not None
+        theirs = Path(sibling.stdout.readline().strip())
+        assert theirs.parent == root, "the sibling did not start"
+        FeatureStore(1 << 20, root, None)  # a server starting beside a running one
+        assert sorted(p.name for p in theirs.iterdir()) == [
+            "e.safetensors",
+            LOCK_NAME,
+            "tmp1234.part",
+        ]
+    finally:
+        sibling.kill()
+        sibling.wait(timeout=60)
+    restarted = FeatureStore(1 << 20, root, None)
+    assert restarted.enabled and not theirs.exists()
+    assert not list(root.rglob("*.part")) and not list(root.rglob("e.safetensors"))
+
+
+def test_a_running_sibling_keeps_its_entries_when_another_evicts_the_same_key(
+    tmp_path: Path,
+) -> None:
+    """Two stores of one directory (two proxy workers) store the same key; one evicting it
+    must not take the other's entry."""
+    one = features(4).nbytes
+    first = FeatureStore(one, tmp_path / "store", None)
+    second = FeatureStore(one, tmp_path / "store", None)
+    first.put(key("AUTH_a/d/a"), features(4, seed=1))
+    second.put(key("AUTH_a/d/a"), features(4, seed=1))
+    second.put(key("AUTH_a/d/b"), features(4, seed=2))  # evicts its own a
+    FeatureStore(one, tmp_path / "store", None)  # a third starting meanwhile
+    assert torch.equal(stored(first, key("AUTH_a/d/a")).features, features(4, seed=1).features)
+    assert torch.equal(stored(second, key("AUTH_a/d/b")).features, features(4, seed=2).features)
+
+
+def test_the_bound_holds_over_an_ended_process_leftovers_and_evicts_lru(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    one = features(4).nbytes
+    ended = root / "4242-ended"  # what a killed process leaves: nobody holds its lock
+    ended.mkdir(parents=True)
+    (ended / LOCK_NAME).touch()
+    (ended / f"{key('AUTH_a/d/z').digest()}.safetensors").write_bytes(b"x" * 2 * one)
+    (ended / "tmp99.part").write_bytes(b"x" * one)
+    foreign = root / "not-a-store"  # no lock file: not ours to remove
+    foreign.mkdir()
+    store = FeatureStore(2 * one, root, None)
+    store.put(key("AUTH_a/d/a"), features(4, seed=1))
+    store.put(key("AUTH_a/d/b"), features(4, seed=2))
+    stored(store, key("AUTH_a/d/a"))  # a is now the most recently used
+    store.put(key("AUTH_a/d/c"), features(4, seed=3))
+    assert key("AUTH_a/d/a") in store and key("AUTH_a/d/c") in store
+    assert key("AUTH_a/d/b") not in store
+    assert not ended.exists() and foreign.is_dir()
+    # What the directory holds is what the bound counts: this store's two entries, no more.
+    assert sorted(p.name for p in root.rglob("*") if p.is_file() and p.name != LOCK_NAME) == sorted(
+        f"{key(f'AUTH_a/d/{s}').digest()}.safetensors" for s in "ac"
+    )
+    assert store.bytes == 2 * one
 
 
 def decode(frames: list[bytes]) -> list[BatchFrame]:

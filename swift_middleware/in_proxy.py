@@ -216,47 +216,34 @@ class _ProxyHost:
         return StoredObject(data, etag)  # type: ignore[arg-type]  # bytes-like, read-only use
 
     def _get_many(self, effect: GetMany) -> list[StoredObject]:
-        """Green threads, one GET subrequest each, at most ``effect.concurrency`` at once.
+        """Green threads, one GET subrequest each, as :class:`~hapi_core.ReadWindow` says.
 
-        At the first refusal no more start, and the refusal is raised once the reads in flight
-        have finished (their results dropped), so nothing of the request runs after its answer.
-        They are not killed: a green thread killed inside Swift's pipeline gets ``GreenletExit``
-        wherever it waits, and ``MemcacheRing`` gives a pooled connection back only on
-        ``Exception``, so a kill during a token or container-info lookup leaks that connection
-        for good; two leaks (the pool's default size) and every later lookup of that proxy times
-        out, which tempauth answers with a 401 to every caller. Nor are they left running past
-        the answer: a lookup still in flight then could write a container's old ACL back into
-        memcached after the caller, refused, has changed it.
+        The reads in flight at a refusal are waited for, never killed: a green thread killed
+        inside Swift's pipeline gets ``GreenletExit`` wherever it waits, and ``MemcacheRing``
+        gives a pooled connection back only on ``Exception``, so a kill during a token or
+        container-info lookup leaks that connection for good; two leaks (the pool's default
+        size) and every later lookup of that proxy times out, which tempauth answers with a 401
+        to every caller.
         """
+        from hapi_core import ReadWindow
+
         objs = effect.objs
         arrived: LightQueue = LightQueue()
 
         def one(index: int) -> None:
             try:
                 stored = self._get(effect.container, objs[index], effect.max_bytes_each)
-            except Exception as exc:  # noqa: BLE001 - handed to the waiting request as a value
+            except Exception as exc:  # noqa: BLE001 - handed to the window as the read's outcome
                 arrived.put((index, exc))
             else:
                 arrived.put((index, stored))
 
-        results: dict[int, StoredObject] = {}
-        refusal: Exception | None = None
-        started = finished = 0
-        while finished < started or (refusal is None and finished < len(objs)):
-            while (
-                refusal is None and started < len(objs) and started - finished < effect.concurrency
-            ):
-                eventlet.spawn_n(one, started)
-                started += 1
-            index, outcome = arrived.get()
-            finished += 1
-            if isinstance(outcome, Exception):
-                refusal = refusal or outcome
-            else:
-                results[index] = outcome
-        if refusal is not None:
-            raise refusal
-        return [results[i] for i in range(len(objs))]
+        window = ReadWindow(effect)
+        while window.open:
+            for index in window.to_start():
+                eventlet.spawn_n(one, index)
+            window.finished(*arrived.get())
+        return window.result()
 
 
 class _FrameStream:

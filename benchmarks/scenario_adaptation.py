@@ -13,7 +13,7 @@ six fit and seven do not, as in the thesis. With BA on, the server plans against
 
 Each server first serves ``CALIBRATION`` lone requests: a CPU server measures the peak host memory
 of a batch whose request runs alone and corrects its per-sample estimate from those readings
-(:class:`hapi_core.devices.HostMemoryProbe`), as a GPU server does from CUDA's statistics. The
+(:class:`hapi_core.host_memory.HostMemoryProbe`), as a GPU server does from CUDA's statistics. The
 probe samples the server's resident memory for those readings (it never resets ``VmHWM``); every
 point's requests report how many readings they made (``vmhwm_resets`` of the end frame).
 
@@ -48,7 +48,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hapi_client import StoredModel
 from hapi_contract import API_PREFIX, ExtractRequest, FrameError, RemoteStreamError, TransformSpec
 from hapi_contract.frames import FrameDecoder
-from hapi_core.devices import resident_bytes
+from hapi_core.host_memory import resident_bytes
 
 from .data import DatasetReady, ensure_photos_and_models
 from .errors import ScenarioError

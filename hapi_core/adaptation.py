@@ -34,8 +34,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .devices import HOST_MEMORY, Device, HostMemoryProbe, external_used_bytes
+from .devices import Device, external_used_bytes
 from .errors import HapiCoreError, InsufficientMemoryError, QueueFullError, RequestTimeoutError
+from .host_memory import HOST_MEMORY, HostMemoryProbe
 from .metrics import Metrics
 from .settings import CoreSettings
 from .solver import (

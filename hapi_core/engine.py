@@ -28,7 +28,8 @@ import torch
 from hapi_contract.frames import FrameEncoder
 
 from .decode_pool import DecodePool, DecodeTask
-from .devices import HOST_MEMORY, Device, HostMemoryProbe
+from .devices import Device
+from .host_memory import HOST_MEMORY, HostMemoryProbe
 from .roofline import RooflineMeter
 
 log = logging.getLogger(__name__)
@@ -65,10 +66,10 @@ class JobStats:
     feature_bytes: int = 0
     peak_bytes_per_sample: float | None = None
     """Measured peak memory per sample (CUDA: every batch; CPU: one lone batch, see
-    :class:`~hapi_core.devices.HostMemoryProbe`); None when nothing was measured."""
+    :class:`~hapi_core.host_memory.HostMemoryProbe`); None when nothing was measured."""
     vmhwm_resets: int = 0
     """Batches during which the probe reset the process's ``VmHWM`` (a benchmark reading it
-    from outside must know: see :class:`~hapi_core.devices.HostMemoryProbe`)."""
+    from outside must know: see :class:`~hapi_core.host_memory.HostMemoryProbe`)."""
     started: float = field(default_factory=time.perf_counter)
     """When the job began (``perf_counter``): its achieved images/s count from here."""
 

@@ -4,7 +4,7 @@ The client sends its profile with each request, but memory planning never trusts
 client reports: the server profiles the registered architecture itself (a meta-device pass, a few
 milliseconds, cached), and corrects the estimate from measured peaks: CUDA's allocator
 statistics on a GPU, the process's resident high-water mark over a lone batch on a CPU
-(:class:`hapi_core.devices.HostMemoryProbe`).
+(:class:`hapi_core.host_memory.HostMemoryProbe`).
 """
 
 from __future__ import annotations

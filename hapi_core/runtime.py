@@ -16,15 +16,10 @@ from hapi_models import LayoutChooser
 
 from .adaptation import DeviceScheduler, Timers
 from .decode_pool import DecodePool, available_cores, split_threads
-from .devices import (
-    PROCESS_MEMORY,
-    Device,
-    discover_devices,
-    resident_bytes,
-    resident_in_use_bytes,
-)
+from .devices import Device, discover_devices
 from .estimates import MemoryEstimator
 from .host_allocator import bound_host_allocator
+from .host_memory import PROCESS_MEMORY, resident_bytes, resident_in_use_bytes
 from .metrics import Metrics
 from .roofline import RooflineMeter
 from .settings import CoreSettings

@@ -15,9 +15,10 @@ import torch
 from hapi_contract import DEFAULT_COMPRESSION, DEFAULT_OUTPUT_DTYPE
 from hapi_contract.frames import FrameEncoder
 from hapi_core.adaptation import DeviceScheduler
-from hapi_core.devices import Device, HostMemoryProbe
+from hapi_core.devices import Device
 from hapi_core.engine import ExtractionJob, run_extraction
 from hapi_core.estimates import MemoryEstimator
+from hapi_core.host_memory import HostMemoryProbe
 from hapi_core.metrics import Metrics
 from hapi_core.solver import Demand
 from hapi_server.settings import ServerSettings

@@ -11,9 +11,10 @@ import pytest
 
 from hapi_contract import DEFAULT_COMPRESSION, DEFAULT_OUTPUT_DTYPE
 from hapi_contract.frames import FrameEncoder
-from hapi_core.devices import Device, HostMemoryProbe
+from hapi_core.devices import Device
 from hapi_core.engine import ExtractionJob, run_extraction
 from hapi_core.estimates import MemoryEstimator
+from hapi_core.host_memory import HostMemoryProbe
 from tests.hapi_server.conftest import make_images
 
 ARCH, SPLIT = "timm/vit_tiny_patch16_224", 19  # blocks.4.add_1: five attention+MLP blocks

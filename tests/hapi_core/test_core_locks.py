@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent(
 
     from eventlet import tpool
 
-    from hapi_core.devices import HostMemoryProbe
+    from hapi_core.host_memory import HostMemoryProbe
     from hapi_core.estimates import MemoryEstimator
     from hapi_core.locks import os_lock
     from hapi_core.timing_cache import LayerTimes

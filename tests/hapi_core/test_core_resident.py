@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hapi_core.devices import (
+from hapi_core.host_memory import (
     HostMemoryProbe,
     ResidentSampler,
     resident_bytes,

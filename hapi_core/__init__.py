@@ -5,7 +5,8 @@ the verified-weights cache), shard and image checks (:mod:`~hapi_core.inputs`), 
 planner with its admission (:mod:`~hapi_core.adaptation`, :mod:`~hapi_core.solver`,
 :mod:`~hapi_core.estimates`), head execution and frame encoding (:mod:`~hapi_core.engine`) and
 layer timing (:mod:`~hapi_core.timing`), with the steps of a request written once as flows
-(:mod:`~hapi_core.flow`, :mod:`~hapi_core.extraction`). It imports no web framework: the HAPI
+(:mod:`~hapi_core.flow`, :mod:`~hapi_core.extraction`) and answered alike by both hosts
+(:mod:`~hapi_core.answers`). It imports no web framework: the HAPI
 server adds its FastAPI routes and settings, the Swift filter its WSGI glue and the proxy's
 thread pool. Both answer the same input with the same status and code.
 
@@ -19,17 +20,8 @@ from hapi_contract.lazy import attach
 
 if TYPE_CHECKING:
     from .adaptation import AsyncioTimers, DeviceScheduler, Reservation, Ticket, Timers
-    from .admission import (
-        admit_model,
-        build_model,
-        check_token,
-        check_weights,
-        extract_headers,
-        input_transform,
-        raising_server_errors,
-        stream_error,
-        validation_detail,
-    )
+    from .admission import admit_model, build_model, check_token, check_weights, input_transform
+    from .answers import extract_headers, raising_server_errors, stream_error, validation_detail
     from .devices import Device
     from .engine import (
         BatchExecutionError,

@@ -1,37 +1,27 @@
-"""Model admission and the answers every host gives alike.
+"""Model admission: what a request may run, checked the same way by every host.
 
 Whether a request may run a model (:func:`admit_model`), its weights' size before a byte is
 read (:func:`check_weights`), the weights' sha256 and load (:func:`build_model`), the caller's
-token (:func:`check_token`), the input transform of a request (:func:`input_transform`), the
-response headers (:func:`extract_headers`) and how a failure after the status line becomes an
-error frame (:func:`stream_error`). The HAPI server and the Swift filter's in-proxy execution
-both answer through these functions, so the same bad input gets the same status and code.
+token (:func:`check_token`) and the input transform of a request (:func:`input_transform`).
+The HAPI server and the Swift filter's in-proxy execution both admit through these functions,
+so the same bad input gets the same status and code; how they answer is :mod:`.answers`'.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 
 import hapi_models
 import torch
 
 from hapi_contract import (
-    HEADER_COS_BATCH_SIZE,
-    HEADER_DEVICE,
-    HEADER_REQUEST_ID,
-    HEADER_SAMPLES,
     ModelRef,
     TransformSpec,
 )
 
-from .engine import BatchExecutionError
 from .errors import (
     ChecksumError,
-    HapiCoreError,
-    InsufficientMemoryError,
     InvalidRequestError,
-    InvalidShardError,
     UnauthorizedError,
 )
 from .estimates import model_footprint
@@ -45,11 +35,7 @@ __all__ = [
     "build_model",
     "check_token",
     "check_weights",
-    "extract_headers",
     "input_transform",
-    "raising_server_errors",
-    "stream_error",
-    "validation_detail",
 ]
 
 
@@ -122,53 +108,3 @@ def build_model(ref: ModelRef, blob: bytes, device: torch.device) -> hapi_models
     except hapi_models.WeightsError as exc:
         raise InvalidRequestError(f"{_weights_name(ref)}: {exc}") from exc
     return model.to(device).eval()
-
-
-def extract_headers(request_id: str, device: str, batch_size: int, samples: int) -> dict[str, str]:
-    """The headers of an extraction's 200: what the server decided for the request."""
-    return {
-        HEADER_REQUEST_ID: request_id,
-        HEADER_DEVICE: device,
-        HEADER_COS_BATCH_SIZE: str(batch_size),
-        HEADER_SAMPLES: str(samples),
-    }
-
-
-def stream_error(exc: BaseException) -> tuple[int, str]:
-    """The status and detail of the error frame for a failure after the status line went out.
-
-    Chosen by type alone: the server's own errors keep theirs; an image body that does not
-    decode is 422; memory that ran out is 507 (``torch.OutOfMemoryError`` from CUDA,
-    ``MemoryError`` from Python or Pillow, and :class:`~hapi_core.engine.BatchExecutionError`,
-    see there); anything else is 500.
-    """
-    if isinstance(exc, HapiCoreError):
-        return exc.status, exc.detail
-    detail = f"{type(exc).__name__}: {exc}"[:2000]
-    if isinstance(exc, hapi_models.ImageDecodeError):
-        return InvalidShardError.status, detail
-    if isinstance(exc, torch.OutOfMemoryError | MemoryError | BatchExecutionError):
-        return InsufficientMemoryError.status, detail
-    return 500, detail
-
-
-def raising_server_errors(work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """Run ``work`` (a blocking answer that is not streamed, e.g. a timing); a failure that
-    :func:`stream_error` gives a status of ours raises as that error: an image that does not
-    decode is a 422, memory that ran out a 507, never a 500."""
-    try:
-        return work(*args, **kwargs)
-    except HapiCoreError:
-        raise
-    except Exception as exc:
-        status, detail = stream_error(exc)
-        for known in (InvalidShardError, InsufficientMemoryError):
-            if status == known.status:
-                raise known(detail) from exc
-        raise
-
-
-def validation_detail(errors: Sequence[Mapping[str, Any]]) -> str:
-    """The ``detail`` of a 422 for a request that fails its schema: the first five problems."""
-    parts = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in errors[:5]]
-    return "; ".join(parts) or "invalid request"

@@ -3,7 +3,7 @@
 Everything that can be refused with a status code (access, missing objects, sha256, shard
 format, limits, memory) is checked in :func:`prepare`, before a response starts; a failure
 after that (e.g. an image whose body is corrupt past its header) ends the stream with an error
-frame (:func:`~hapi_core.admission.stream_error`). :func:`prepare` runs in cost order: cheap
+frame (:func:`~hapi_core.answers.stream_error`). :func:`prepare` runs in cost order: cheap
 checks, the meta-device profile, the weights' HEAD, the shard's HEAD, the memory plan (the
 shard's bytes, the weights' download and load, the samples at their COS batch), and only then,
 inside the admitted memory, the shard's read and the model's load.

@@ -28,7 +28,8 @@ import torch
 from hapi_contract import TimingsRequest, TimingsResponse
 from hapi_contract.frames import FrameEncoder
 
-from .admission import input_transform, raising_server_errors
+from .admission import input_transform
+from .answers import raising_server_errors
 from .engine import BatchExecutionError
 from .extraction import finish, prepare
 from .flow import Compute, Flow

@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hapi_core.admission import validation_detail
+from hapi_core.answers import validation_detail
 from hapi_core.errors import HapiCoreError
 
 from .body_limit import BodyLimitMiddleware

@@ -12,7 +12,8 @@ from PIL import Image
 
 from hapi_contract import Compression, ModelRef, OutputDtype, TransformSpec
 from hapi_contract.frames import FrameEncoder
-from hapi_core.admission import admit_model, input_transform, stream_error
+from hapi_core.admission import admit_model, input_transform
+from hapi_core.answers import stream_error
 from hapi_core.engine import BatchExecutionError, JobStats, run_batch
 from hapi_core.errors import InvalidRequestError, QueueFullError
 

@@ -188,14 +188,20 @@ def get_model(
     pretrained weights, where the architecture has them offline), a path to a ``.safetensors``
     file, or the safetensors bytes. When ``sha256`` is given the blob is verified first.
     """
+    from .skip_init import skipped_random_init  # local: torch is imported only to build
     from .weights import load_weights  # local: weights imports the registry for its errors
 
     spec = get_spec(name)
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise ValueError(f"num_classes must be a positive integer, got {num_classes!r}")
     pretrained = isinstance(weights, str) and weights == "imagenet"
-    model = spec.builder(num_classes, pretrained)
-    if weights is not None and not pretrained:
+    if weights is None or pretrained:
+        model = spec.builder(num_classes, pretrained)
+    else:
+        # The strict load below sets every parameter: the random init would be drawn for
+        # nothing (seconds for a large network). A blob that does not fit is refused by it.
+        with skipped_random_init():
+            model = spec.builder(num_classes, pretrained)
         load_weights(model, weights, sha256=sha256)
     model.eval()
     return model

@@ -22,6 +22,23 @@ def test_round_trip_preserves_outputs(tmp_path: Path) -> None:
         torch.testing.assert_close(a(x), b(x), rtol=0, atol=0)
 
 
+def test_a_model_built_to_load_weights_draws_no_random_init() -> None:
+    """The strict load sets every parameter: the constructor's random draws are skipped (the
+    generator does not move) and the model computes what the saved one did."""
+    torch.manual_seed(0)
+    saved = hm.get_model("efficientnet_lite0", num_classes=5)
+    blob = hm.weights_to_bytes(saved)
+    before = torch.get_rng_state()
+    loaded = hm.get_model("efficientnet_lite0", num_classes=5, weights=blob)
+    assert torch.equal(torch.get_rng_state(), before)
+    # A model built without weights still draws its init.
+    hm.get_model("efficientnet_lite0", num_classes=5)
+    assert not torch.equal(torch.get_rng_state(), before)
+    x = torch.randn(2, 3, 64, 64)
+    with torch.inference_mode():
+        torch.testing.assert_close(saved(x), loaded(x), rtol=0, atol=0)
+
+
 def test_sha256_mismatch_is_refused_before_parsing() -> None:
     blob = hm.weights_to_bytes(hm.get_model("alexnet", num_classes=2))
     with pytest.raises(hm.ChecksumMismatchError, match="mismatch"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 
 from hapi_contract import TimingsResponse
+from hapi_core.timing import MIN_TIMED_SAMPLES
 
 from .conftest import Dataset, ServerProcess
 from .server_helpers import assert_error
@@ -23,7 +24,9 @@ def test_times_every_layer_and_caches_them(hapi_server: ServerProcess, dataset: 
     first = timings(hapi_server, body, dataset.headers())
     assert first.status_code == 200, first.text
     got = TimingsResponse.model_validate_json(first.content)
-    assert got.samples == 4 and got.arch == "alexnet" and got.device == "cpu"
+    # A head whose warm-up says it is heavy (a loaded host) is timed over fewer images.
+    assert MIN_TIMED_SAMPLES <= got.samples <= 4
+    assert got.arch == "alexnet" and got.device == "cpu"
     assert len(got.layer_s_per_sample) == 8
     assert all(t > 0 for t in got.layer_s_per_sample) and got.decode_s_per_sample > 0
     # float32 frames: the tensor's own bytes (conv1 of AlexNet at 64 px) and a small header.

@@ -322,7 +322,8 @@ def measure_pipeline_costs(
         freeze,
         stored.arch,
     )
-    with ThreadPoolExecutor(1, "hapi-server-timings") as pool:
+    pool = ThreadPoolExecutor(1, "hapi-server-timings")
+    try:
         asked = pool.submit(_timed, transport.timings, req)
         client_costs = _time_client(prepared, images, device)
         # Bounded: the transport's request timeout and retry policy bound the request.
@@ -332,6 +333,9 @@ def measure_pipeline_costs(
             log.warning("the server's timings are unavailable (%s): split by Algorithm 2", exc)
             missing = f"the server's timings are unavailable: {exc}"
             return PipelineCosts(client_costs, None, missing, rate, objects_per_s)
+    finally:
+        # A failure of the client's own timing is raised at once, not after the server's answer.
+        pool.shutdown(wait=False)
     # Said after the client's line, whichever finished first: the server's answer is the last
     # thing the decision waits for.
     status.info(

@@ -1,0 +1,88 @@
+"""``measure_pipeline_costs`` on a made-up client: the server is asked while the client times its
+own layers, so a cold plan waits for the slower of the two, not their sum."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from hapi_client.planning import ClientCosts, costs
+from hapi_contract import Compression, OutputDtype
+
+FREEZE = 3
+WAIT_S = 10.0
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.asked = threading.Event()
+
+    def timings(self, req: Any) -> Any:
+        self.asked.set()
+        return SimpleNamespace(
+            decode_s_per_sample=0.001,
+            layer_s_per_sample=[0.01] * req.split_index,
+            encode_s_per_sample=[0.0] * req.split_index,
+            wire_bytes_per_sample=[100.0] * req.split_index,
+            load=0,
+            device="cpu",
+            cached=False,
+        )
+
+
+@pytest.fixture
+def made_up(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Everything but the order of the two timings stood in for: no Swift, no model, no server."""
+    sampled = costs._Sampled([b"jpeg"], 1e8, None)
+    monkeypatch.setattr(costs, "_sample_images", lambda *a: sampled)
+    monkeypatch.setattr(costs, "TimingsRequest", lambda **kw: SimpleNamespace(**kw))
+    monkeypatch.setattr(costs, "TransformSpec", SimpleNamespace(model_validate=lambda t: t))
+    source = SimpleNamespace(
+        container="c", shard="s", layout=None, data_container=None, label_field=None
+    )
+    monkeypatch.setattr(costs, "ShardSource", SimpleNamespace(of=lambda *a: source))
+    return SimpleNamespace(
+        manifest=SimpleNamespace(
+            shards=[SimpleNamespace(samples=16)], mean_shard_bytes_per_sample=1
+        ),
+        stored=SimpleNamespace(container="m", object="o", arch="alexnet", ref=lambda: None),
+        net=None,
+        transform=None,
+        profile_spec=None,
+        freeze_index=FREEZE,
+    )
+
+
+def _measure(prepared: Any, transport: _Transport) -> costs.PipelineCosts:
+    return costs.measure_pipeline_costs(
+        None,  # type: ignore[arg-type]
+        transport,  # type: ignore[arg-type]
+        prepared,
+        "c",
+        output_dtype=OutputDtype("float32"),
+        compression=Compression("none"),
+        device=torch.device("cpu"),
+        b_max=16,
+    )
+
+
+def test_the_server_is_asked_while_the_client_times_its_layers(
+    made_up: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    transport = _Transport()
+    seen: list[bool] = []
+
+    def client_costs(*args: Any, **kwargs: Any) -> ClientCosts:
+        # Asked one after the other, the server's request would only start once this returned.
+        seen.append(transport.asked.wait(WAIT_S))
+        return ClientCosts(0.001, [0.01] * FREEZE, 0.001, 0.001, "cpu")
+
+    monkeypatch.setattr(costs, "measure_client_costs", client_costs)
+    got = _measure(made_up, transport)
+    assert seen == [True]
+    assert got.server is not None and got.server.layer_s == [0.01] * FREEZE
+    assert got.server_missing == ""

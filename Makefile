@@ -44,10 +44,11 @@ system-deps:
 # Lint first: a formatting or typing slip fails in seconds, before the suite's long end-to-end tests.
 # Two workers (pytest-xdist), a test file each at a time: a file's module fixtures (its servers,
 # its uploads) start once, and much of the suite waits on servers, proxies and torchrun jobs
-# rather than computing. TEST_WORKERS=0 runs it in this process.
+# rather than computing. Files are handed out in tests/conftest.py's order (the longest first),
+# not xdist's (the most tests first). TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
 test: install lint
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -18,6 +18,7 @@ import logging
 import math
 import threading
 import time
+import traceback
 from collections.abc import Callable, Generator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -273,6 +274,10 @@ def iter_frames(job: ExtractionJob, stats: JobStats) -> Generator[bytes, None, N
             if job.roofline is not None:
                 job.roofline.observe(job.device.name, job.request_id, stats, on_cores)
             yield frame
+    except BaseException as exc:
+        # The frames below this one have ended: their batches go now, whoever keeps the error.
+        _release_frames(exc)
+        raise
     finally:
         # The batch in hand too: one image failed, the others may still be queued or running.
         left = [t for d in (current, pending) if d is not None for t in d.tasks]
@@ -383,5 +388,29 @@ def run_extraction(
                 return stats
             emit(frame)
         raise JobCancelled()
+    except BaseException as exc:
+        _release_frames(exc)  # iter_frames' own frame, ended now (see there)
+        raise
     finally:
         frames.close()
+
+
+def _release_frames(exc: BaseException) -> None:
+    """Clear the local variables of every frame that ``exc``, its cause and its context passed
+    through, but of those still running: a failed batch's tensors are such locals (the input in
+    :class:`_Step`, the activations in the model's ``forward`` frames, the decoded batch in
+    :func:`iter_frames`), and an exception that is kept keeps its frames. A host hands the
+    error on as a value (the server's worker thread, eventlet's tpool), and there it sits in a
+    reference cycle (a frame that outlives its call holds its caller's frame, whose locals hold
+    the error), which only a full garbage collection frees: a server whose memory ran out kept
+    200 MiB of failed batches after their error frames, and refused requests that fit.
+    The tracebacks still tell where it failed: only the locals go."""
+    seen: set[int] = set()
+    chain: list[BaseException] = [exc]
+    while chain:
+        err = chain.pop()
+        if id(err) in seen:
+            continue
+        seen.add(id(err))
+        traceback.clear_frames(err.__traceback__)
+        chain.extend(e for e in (err.__cause__, err.__context__) if e is not None)

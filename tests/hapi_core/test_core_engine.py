@@ -1,9 +1,16 @@
 """run_batch: an image that does not decode is named by the job's names (both executions); a job
-that runs out of host memory says so by type (507), wherever the allocation failed."""
+that runs out of host memory says so by type (507), wherever the allocation failed, and its
+failed batch's tensors are freed with the job even while its error is kept."""
 
 from __future__ import annotations
 
+import gc
 import io
+import threading
+import weakref
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any, cast
 
 import hapi_models
 import numpy as np
@@ -14,7 +21,14 @@ from PIL import Image
 from hapi_contract import Compression, OutputDtype
 from hapi_contract.frames import FrameEncoder
 from hapi_core.devices import Device
-from hapi_core.engine import BatchExecutionError, ExtractionJob, JobStats, iter_frames, run_batch
+from hapi_core.engine import (
+    BatchExecutionError,
+    ExtractionJob,
+    JobStats,
+    iter_frames,
+    run_batch,
+    run_extraction,
+)
 
 SMALL = hapi_models.InputTransform(resize=32, crop=32)
 
@@ -78,3 +92,79 @@ def test_a_failed_allocation_of_the_decode_buffer_is_a_batch_execution_error(
     )
     with pytest.raises(BatchExecutionError, match="can't allocate memory"):
         list(iter_frames(job, JobStats()))
+
+
+class _RunsOut(torch.nn.Module):
+    """A head whose second allocation fails, as resnet18's bn1 under a memory limit."""
+
+    def __init__(self, seen: list[weakref.ref[torch.Tensor]]) -> None:
+        super().__init__()
+        self.seen = seen
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        activation = torch.relu(x)  # conv1's output: a batch-sized local of this frame
+        self.seen += [weakref.ref(x), weakref.ref(activation)]
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+
+
+@pytest.fixture
+def failing_job(monkeypatch: pytest.MonkeyPatch) -> tuple[ExtractionJob, list[weakref.ref[Any]]]:
+    """A job whose batch fails in its head; ``seen`` gets a weakref to each batch tensor: the
+    decoded uint8 batch, the float input, the activation."""
+    seen: list[weakref.ref[Any]] = []
+    normalize = hapi_models.InputTransform.normalize
+
+    def noted(self: hapi_models.InputTransform, batch: torch.Tensor) -> torch.Tensor:
+        seen.append(weakref.ref(batch))
+        return normalize(self, batch)
+
+    monkeypatch.setattr(hapi_models.InputTransform, "normalize", noted)
+    model = SimpleNamespace(arch="runs-out", head=lambda split: _RunsOut(seen))
+    job = ExtractionJob(
+        model=cast(Any, model),
+        split=1,
+        images=[_jpeg(0), _jpeg(1)],
+        labels=[0, 0],
+        transform=SMALL,
+        batch_size=2,
+        device=Device("cpu", 2**30),
+        max_pixels=10_000,
+        encoder=FrameEncoder(dtype=OutputDtype.FLOAT32, compression=Compression.NONE),
+    )
+    return job, seen
+
+
+@pytest.fixture
+def no_collector() -> Iterator[None]:
+    """Only reference counting frees: what a full collection would free, it may not for long
+    (a server found 200 MiB of failed batches still held after their error frames)."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def test_a_failed_job_frees_its_batch_while_its_error_is_kept(
+    failing_job: tuple[ExtractionJob, list[weakref.ref[Any]]], no_collector: None
+) -> None:
+    job, seen = failing_job
+    # pytest keeps the error, as a host that hands it on as a value does.
+    with pytest.raises(BatchExecutionError, match="can't allocate memory") as failed:
+        run_extraction(job, lambda frame: None, threading.Event())
+    assert len(seen) == 3
+    assert [ref() is None for ref in seen] == [True, True, True]
+    assert "can't allocate memory" in str(failed.value.__cause__)  # the cause is still told
+
+
+def test_a_failed_step_frees_the_tensors_of_the_frames_it_left(
+    failing_job: tuple[ExtractionJob, list[weakref.ref[Any]]], no_collector: None
+) -> None:
+    """A host stepping the job itself (the Swift filter): the head's input and activations go;
+    the decoded batch goes with the generator's frame, which that host's pool clears."""
+    job, seen = failing_job
+    with pytest.raises(BatchExecutionError) as failed:
+        next(iter_frames(job, JobStats()))
+    _, x, activation = seen
+    assert x() is None and activation() is None
+    assert failed.value.__traceback__ is not None  # kept until here

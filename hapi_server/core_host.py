@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from hapi_contract import ExtractRequest, TimingsRequest, TimingsResponse
@@ -185,6 +186,25 @@ async def time_request(state: ServerState, caller: Caller, req: TimingsRequest) 
 _DONE = object()
 
 
+@dataclass(frozen=True)
+class _JobFailure:
+    """How a job failed, as its worker thread hands it to the event loop: the error frame's
+    status and detail and the error's repr for the log, not the error itself. An error kept
+    as the worker's result closes a reference cycle (its traceback's frames hold the
+    executor's frame, which holds the result) that only a full garbage collection breaks, and
+    until then the frames keep the job's batch: a server whose memory ran out kept 200 MiB of
+    failed batches after their error frames and refused requests that fit."""
+
+    status: int
+    detail: str
+    error: str
+
+    @classmethod
+    def of(cls, exc: BaseException) -> _JobFailure:
+        status, detail = stream_error(exc)
+        return cls(status, detail, repr(exc))
+
+
 async def stream_shared(state: ServerState, prep: SharedExtraction) -> AsyncIterator[bytes]:
     """Yield shared features re-framed at the request's own COS batch size."""
     loop = asyncio.get_running_loop()
@@ -239,11 +259,13 @@ async def stream(state: ServerState, prep: Prepared) -> AsyncIterator[bytes]:
                         raise JobCancelled() from None
                     return
 
-    def work() -> JobStats | BaseException:
+    def work() -> JobStats | _JobFailure | None:
         try:
             return run_extraction(job, emit, cancelled)
+        except JobCancelled:
+            return None
         except BaseException as exc:  # noqa: BLE001 - handed to the event loop as a value
-            return exc
+            return _JobFailure.of(exc)
         finally:
             asyncio.run_coroutine_threadsafe(frames.put(_DONE), loop)
 
@@ -262,13 +284,12 @@ async def stream(state: ServerState, prep: Prepared) -> AsyncIterator[bytes]:
             state.metrics.bytes_streamed.labels("extract").inc(len(item))
             yield item
         result = await future
-        if isinstance(result, JobCancelled):
+        if result is None:  # cancelled: nobody reads an error frame
             return
-        if isinstance(result, BaseException):
-            code, detail = stream_error(result)
-            status = str(code)
-            log.warning("%s failed after the response started: %r", prep.request_id, result)
-            yield job.encoder.error(code, detail)
+        if isinstance(result, _JobFailure):
+            status = str(result.status)
+            log.warning("%s failed after the response started: %s", prep.request_id, result.error)
+            yield job.encoder.error(result.status, result.detail)
             return
         yield job.encoder.end(meta=conclude(state, prep, job, result))
     finally:

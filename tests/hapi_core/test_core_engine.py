@@ -4,11 +4,9 @@ failed batch's tensors are freed with the job even while its error is kept."""
 
 from __future__ import annotations
 
-import gc
 import io
 import threading
 import weakref
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -132,17 +130,6 @@ def failing_job(monkeypatch: pytest.MonkeyPatch) -> tuple[ExtractionJob, list[we
         encoder=FrameEncoder(dtype=OutputDtype.FLOAT32, compression=Compression.NONE),
     )
     return job, seen
-
-
-@pytest.fixture
-def no_collector() -> Iterator[None]:
-    """Only reference counting frees: what a full collection would free, it may not for long
-    (a server found 200 MiB of failed batches still held after their error frames)."""
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def test_a_failed_job_frees_its_batch_while_its_error_is_kept(

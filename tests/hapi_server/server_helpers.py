@@ -6,7 +6,8 @@ import io
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import httpx
 import numpy as np
@@ -15,6 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hapi_contract import ErrorBody
 from hapi_contract.frames import BatchFrame, EndFrame, FrameDecoder
+from hapi_core.adaptation import DeviceScheduler
+from hapi_server.core_host import PreparedExtraction
 from hapi_stack import RunningStack
 
 from .conftest import DATA, Dataset, ServerProcess, shard_bytes
@@ -121,3 +124,25 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60.0) ->
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.05)  # polling a condition with a deadline, not standing in for one
+
+
+def prepared_extraction(
+    scheduler: DeviceScheduler, reservation: Any
+) -> tuple[Any, PreparedExtraction]:
+    """A prepared extraction holding ``reservation``, and the server state its release uses
+    (its weights count the releases in ``released``)."""
+    weights = SimpleNamespace(released=0)
+    weights.release = lambda model: setattr(weights, "released", weights.released + 1)
+    state = SimpleNamespace(weights=weights, metrics=scheduler.metrics)
+    prep = PreparedExtraction(
+        request=cast(Any, None),
+        request_id="r1",
+        scheduler=scheduler,
+        reservation=reservation,
+        model=cast(Any, None),
+        images=[],
+        labels=[],
+        started=0.0,
+        queued_s=0.0,
+    )
+    return state, prep

@@ -7,11 +7,8 @@ work (no garbage collection), nothing of the failed job outlives its stream and 
 
 from __future__ import annotations
 
-import gc
 import weakref
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -25,7 +22,8 @@ from hapi_core.engine import BatchExecutionError
 from hapi_core.metrics import Metrics
 from hapi_core.solver import Demand
 from hapi_server import ServerSettings, core_host
-from hapi_server.core_host import PreparedExtraction
+
+from .server_helpers import prepared_extraction
 
 pytestmark = pytest.mark.anyio
 
@@ -33,17 +31,6 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture
-def no_collector() -> Iterator[None]:
-    """Only reference counting frees: what a full collection would free, it may not for long
-    (a server found 200 MiB of failed batches still held after their error frames)."""
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 class _Job:
@@ -59,20 +46,8 @@ async def test_a_failed_job_leaves_nothing_behind_its_error_frame(
     settings = ServerSettings(_env_file=None, framework_reserve_bytes=0, b_min=1)  # type: ignore[call-arg]
     scheduler = DeviceScheduler(Device("cpu", 100_000), settings, Metrics())
     reservation = await scheduler.acquire(Demand("r1", 1_000, 0, 1, 100, 0.0))
-    weights = SimpleNamespace(release=lambda model: None)
-    executor = ThreadPoolExecutor(1)
-    state = SimpleNamespace(weights=weights, metrics=scheduler.metrics, executor=executor)
-    prep = PreparedExtraction(
-        request=cast(Any, None),
-        request_id="r1",
-        scheduler=scheduler,
-        reservation=reservation,
-        model=cast(Any, None),
-        images=[],
-        labels=[],
-        started=0.0,
-        queued_s=0.0,
-    )
+    state, prep = prepared_extraction(scheduler, reservation)
+    state.executor = executor = ThreadPoolExecutor(1)
     jobs = [_Job()]
     batches: list[weakref.ref[torch.Tensor]] = []
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -20,8 +19,10 @@ from hapi_core.devices import Device
 from hapi_core.metrics import Metrics
 from hapi_core.solver import Demand
 from hapi_server import ServerSettings
-from hapi_server.core_host import PreparedExtraction, abandon, finish
+from hapi_server.core_host import abandon, finish
 from hapi_server.routers.extract import _ReleasingStreamingResponse
+
+from .server_helpers import prepared_extraction
 
 pytestmark = pytest.mark.anyio
 
@@ -111,31 +112,13 @@ async def test_on_close_runs_and_the_body_is_closed_after_a_normal_end() -> None
     assert closed == [True] and finished == [True]
 
 
-def _prepared(scheduler: DeviceScheduler, reservation: Any) -> tuple[Any, PreparedExtraction]:
-    weights = SimpleNamespace(released=0)
-    weights.release = lambda model: setattr(weights, "released", weights.released + 1)
-    state = SimpleNamespace(weights=weights, metrics=scheduler.metrics)
-    prep = PreparedExtraction(
-        request=cast(Any, None),
-        request_id="r1",
-        scheduler=scheduler,
-        reservation=reservation,
-        model=cast(Any, None),
-        images=[],
-        labels=[],
-        started=0.0,
-        queued_s=0.0,
-    )
-    return state, prep
-
-
 async def test_abandon_releases_once_and_only_an_unstarted_stream() -> None:
     settings = ServerSettings(_env_file=None, framework_reserve_bytes=0, b_min=1)  # type: ignore[call-arg]
     scheduler = DeviceScheduler(Device("cpu", 100_000), settings, Metrics())
     reservation = await scheduler.acquire(Demand("r1", 1_000, 0, 1, 100, 0.0))
     assert scheduler.free_bytes() == 0
 
-    state, prep = _prepared(scheduler, reservation)
+    state, prep = prepared_extraction(scheduler, reservation)
     prep.stream_started = True
     abandon(cast(Any, state), prep)  # the stream owns the release: nothing happens here
     assert scheduler.free_bytes() == 0 and state.weights.released == 0

@@ -29,15 +29,17 @@ os.environ.update(shared_host_env())
 #: first. Only the order depends on it: a file missing here runs after these, slow files first.
 LONGEST_FILES = (
     "tests/test_doc_snippets.py",
-    "tests/hapi_client/distributed/test_dist_resume.py",
-    "tests/hapi_client/distributed/test_dist_training.py",
-    "tests/hapi_server/test_extract_http.py",
-    "tests/hapi_client/test_finetune_checkpoint.py",
     "tests/hapi_client/test_transfer_quality.py",
-    "tests/multinode/test_two_nodes.py",
+    "tests/hapi_client/distributed/test_dist_resume.py",
     "tests/multinode/test_two_nodes_elastic.py",
-    "tests/swift_middleware/test_mw_architectures.py",
+    "tests/hapi_client/distributed/test_dist_training.py",
+    "tests/multinode/test_two_nodes.py",
+    "tests/hapi_client/test_finetune_checkpoint.py",
+    "tests/hapi_bench/test_bench_e2e.py",
+    "tests/hapi_client/distributed/test_dist_shrink.py",
     "tests/hapi_server/test_server_oom.py",
+    "tests/hapi_server/test_extract_http.py",
+    "tests/swift_middleware/test_mw_architectures.py",
 )
 
 

@@ -179,7 +179,7 @@ def test_the_readme_and_docs_datasets_run_as_pasted(own_stack: dict[str, str]) -
         out = _run_python(snippet("README.md", "reload").code, own_stack)
         assert re.search(r"^held-out accuracy [\d.]+ on 100 images$", out, re.M), out
         out = _run_bash(snippet("README.md", "vit-upload").code, own_stack)
-        assert "vit_b_16" in out
+        assert "timm/vit_tiny_patch16_224" in out
         out = _run_python(snippet("README.md", "vit-loop").code, own_stack)
         assert "epoch 3: loss" in out and "0 KB received" in out
         out = _run_python(snippet("README.md", "recipe").code, own_stack)

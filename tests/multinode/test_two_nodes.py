@@ -137,9 +137,14 @@ def test_robust_path_on_two_nodes_with_the_median_rule(
         assert epoch.samples == TRAIN_SAMPLES
         assert epoch.replies_used == 4 * epoch.rounds and epoch.replies_missing == 0
     # From outside: ranks own their shards for the whole run and cache their features, so the
-    # server read each shard exactly once, and each node's two ranks asked for half of them.
+    # server was asked for each shard once in all epochs, half of them by each node's two ranks
+    # (with every sample once per epoch above, SHARDS requests in all are one per shard). It
+    # read each from Swift at most once: none when an earlier test of this module, at the same
+    # split, left the features in the server's store (issue 32).
     server_log = node_stack.log_since("hapi-server", mark)
-    assert Counter(_shard_reads(server_log)) == {f"shard-{i:06d}": 1 for i in range(SHARDS)}
+    reads = Counter(_shard_reads(server_log))
+    assert set(reads) <= {f"shard-{i:06d}" for i in range(SHARDS)}, reads
+    assert all(count == 1 for count in reads.values()), reads
     assert Counter(_extract_clients(server_log)) == {n.address: SHARDS // 2 for n in cluster.nodes}
     # Issue 22's trap is live here: each node's own name is 127.0.1.1 on that node alone.
     # Rank 0 advertised the gradient channel by its node's *name* (torch's MASTER_ADDR), which

@@ -77,8 +77,15 @@ def test_a_failed_allocation_of_the_decode_buffer_is_a_batch_execution_error(
         return empty(*args, **kwargs)  # type: ignore[call-overload, no-any-return]
 
     monkeypatch.setattr(torch, "empty", refuse_uint8)
-    job = ExtractionJob(
-        model=hapi_models.get_spec("alexnet").builder(3, False),
+    job = _two_image_job(hapi_models.get_spec("alexnet").builder(3, False))
+    with pytest.raises(BatchExecutionError, match="can't allocate memory"):
+        list(iter_frames(job, JobStats()))
+
+
+def _two_image_job(model: Any) -> ExtractionJob:
+    """One CPU batch of two small JPEGs through ``model``'s head at split 1, float32 frames."""
+    return ExtractionJob(
+        model=model,
         split=1,
         images=[_jpeg(0), _jpeg(1)],
         labels=[0, 0],
@@ -88,8 +95,6 @@ def test_a_failed_allocation_of_the_decode_buffer_is_a_batch_execution_error(
         max_pixels=10_000,
         encoder=FrameEncoder(dtype=OutputDtype.FLOAT32, compression=Compression.NONE),
     )
-    with pytest.raises(BatchExecutionError, match="can't allocate memory"):
-        list(iter_frames(job, JobStats()))
 
 
 class _RunsOut(torch.nn.Module):
@@ -118,17 +123,7 @@ def failing_job(monkeypatch: pytest.MonkeyPatch) -> tuple[ExtractionJob, list[we
 
     monkeypatch.setattr(hapi_models.InputTransform, "normalize", noted)
     model = SimpleNamespace(arch="runs-out", head=lambda split: _RunsOut(seen))
-    job = ExtractionJob(
-        model=cast(Any, model),
-        split=1,
-        images=[_jpeg(0), _jpeg(1)],
-        labels=[0, 0],
-        transform=SMALL,
-        batch_size=2,
-        device=Device("cpu", 2**30),
-        max_pixels=10_000,
-        encoder=FrameEncoder(dtype=OutputDtype.FLOAT32, compression=Compression.NONE),
-    )
+    job = _two_image_job(cast(Any, model))
     return job, seen
 
 

@@ -3,9 +3,11 @@
 Three measurements, each made once per run:
 
 * the dataset's images: the first few of the first shard, from a ranged read that also probes
-  the bandwidth (a few hundred kilobytes when the bandwidth is already known);
+  the bandwidth (a few hundred kilobytes when the bandwidth is already known); a ``folder``
+  part's images read at the epoch's concurrency, the link probed apart on the model's weights;
 * the server's costs: ``POST /v1/timings`` over those images' shard, on the server's device,
-  asked while the client times its own layers;
+  asked as soon as the link probe is done, while the client reads its images and times its
+  own layers;
 * the client's costs: the same images decoded here, the frozen layers timed one by one and the
   trainable tail's forward, backward and optimizer step, on the device that will train (kept per
   process and on local disk, :mod:`.cost_cache`: the same model on the same machine costs the
@@ -66,6 +68,13 @@ DECODE_SAMPLES = 8
 OBJECT_SAMPLES = 48
 #: The link probe's size when the bandwidth is not known yet: long enough to time.
 PROBE_BYTES = 8 << 20
+#: Seconds the plan's link probe may read for: half a second times a link's rate as well as
+#: megabytes do (the slowest links get a few hundred kilobytes), and a warm plan stays within
+#: its 2 s (8 MB at 50 Mbit/s would be 1.3 s of it).
+PROBE_S = 0.5
+#: Seconds the per-image reads may take before no further one starts: enough rounds of
+#: ``OBJECT_READ_CONCURRENCY`` reads to time them, never megabytes at a slow link's rate.
+OBJECT_READS_S = 0.5
 
 #: Seconds the timed pass may take: a head slower than this per sample is timed over fewer
 #: samples, never fewer than ``MIN_TIMED_SAMPLES`` (the server's rule, ``hapi_core.timing``).
@@ -206,46 +215,81 @@ def measure_client_costs(
     return costs
 
 
+def _probe_link(
+    swift: SwiftSession, source: ShardSource, link_object: tuple[str, str]
+) -> float | None:
+    """The link's rate for a ``folder`` dataset, from a ranged read of ``link_object`` (the
+    model's weights: a large object on the same link, read as the features' streams are);
+    None when the bandwidth is already known. Its per-image objects are small: one GET each
+    is bound by the request's latency and Swift's per-request work, not by the link."""
+    if source.layout is not DatasetLayout.FOLDER:
+        return None
+    if swift.bandwidth is not None and swift.bandwidth.bytes_per_s is not None:
+        return None
+    return swift.read_prefix(*link_object, PROBE_BYTES, max_seconds=PROBE_S)[0]
+
+
 def _sample_images(
     swift: SwiftSession,
     source: ShardSource,
     stored_bytes_per_sample: float,
-    link_object: tuple[str, str],
+    link_bytes_per_s: float | None,
 ) -> _Sampled:
     """The first images of a shard, the link's rate and, for per-image objects, their reads'.
 
-    A shard tar is read from its start, one ranged read that also probes the link (a few
-    hundred kilobytes when the bandwidth is already known). A ``folder`` part's images are
-    small objects each: one GET each is bound by the request's latency and Swift's per-request
-    work, not by the link, so their rate says nothing of what the features' streams will get.
-    So they are read as the epoch reads them, ``OBJECT_READ_CONCURRENCY`` at a time, which
-    gives their rate in objects per second at that concurrency, and the link is probed by a
-    ranged read of ``link_object`` (the model's weights: a large object on the same link, read
-    as the features' streams are). A tar whose prefix holds no image the strict reader knows
-    (gzip, ``.webp``) is read whole in its layout.
+    A shard tar is read from its start, one ranged read that also probes the link when the
+    bandwidth is not known yet (a few hundred kilobytes when it is). A ``folder`` part's images
+    are read as the epoch reads them, ``OBJECT_READ_CONCURRENCY`` at a time, which gives their
+    rate in objects per second at that concurrency (``link_bytes_per_s``: the link's rate,
+    probed before, whose share of their time is not the reads' own). A tar whose prefix holds
+    no image the strict reader knows (gzip, ``.webp``) is read whole in its layout.
     """
-    known = swift.bandwidth is not None and swift.bandwidth.bytes_per_s is not None
     if source.layout is DatasetLayout.FOLDER:
-        images, objects_per_s = _read_images_concurrently(swift, source)
-        rate = None if known else swift.read_prefix(*link_object, PROBE_BYTES)[0]
-        return _Sampled(images, rate, objects_per_s)
-    if known:
-        nbytes = int((DECODE_SAMPLES + 1) * (stored_bytes_per_sample + 1536))
-    else:
-        nbytes = PROBE_BYTES  # the bandwidth probe's usual size: long enough to time
-    rate, data = swift.read_prefix(source.container, source.shard, nbytes)
-    images = images_in_prefix(data, DECODE_SAMPLES)
+        if link_bytes_per_s is None and swift.bandwidth is not None:
+            link_bytes_per_s = swift.bandwidth.bytes_per_s
+        read, objects_per_s = _read_images_concurrently(swift, source, link_bytes_per_s)
+        return _Sampled(read, None, objects_per_s)
+    known = swift.bandwidth is not None and swift.bandwidth.bytes_per_s is not None
+    wanted = int((DECODE_SAMPLES + 1) * (stored_bytes_per_sample + 1536))
+    rate: float | None = None
+    images: list[bytes] = []
+    if not known:
+        # The bandwidth probe's usual size, read for at most PROBE_S: on a slow link it may
+        # hold only a few images; those are enough to time a decode.
+        rate, data = swift.read_prefix(
+            source.container, source.shard, max(PROBE_BYTES, wanted), max_seconds=PROBE_S
+        )
+        images = images_in_prefix(data, DECODE_SAMPLES)
+    if not images:
+        _, data = swift.read_prefix(source.container, source.shard, wanted)
+        images = images_in_prefix(data, DECODE_SAMPLES)
     if images:
         return _Sampled(images, rate, None)
     samples, _ = read_source(swift, source)
     return _Sampled([s.image_bytes for s in samples[:DECODE_SAMPLES]], rate, None)
 
 
+def request_s_per_object(
+    count: int, nbytes: int, wall_s: float, link_bytes_per_s: float | None
+) -> float | None:
+    """Seconds of per-request work per object, from ``count`` objects of ``nbytes`` in all read
+    concurrently in ``wall_s``: the wall time less the link's share (``nbytes`` at
+    ``link_bytes_per_s``), which the server, reading them next to Swift, does not pay. None
+    when the link's share is all of it (link-bound reads say nothing of the requests' work)."""
+    if count < 1 or wall_s <= 0:
+        return None
+    link_s = nbytes / link_bytes_per_s if link_bytes_per_s else 0.0
+    own = wall_s - link_s
+    return own / count if own > 0 else None
+
+
 def _read_images_concurrently(
-    swift: SwiftSession, source: ShardSource
-) -> tuple[list[bytes], float]:
-    """The first ``OBJECT_SAMPLES`` images of a ``folder`` part, read ``OBJECT_READ_CONCURRENCY``
-    at a time, and the objects per second that came at (wall time over all of them)."""
+    swift: SwiftSession, source: ShardSource, link_bytes_per_s: float | None
+) -> tuple[list[bytes], float | None]:
+    """The first of up to ``OBJECT_SAMPLES`` images of a ``folder`` part, read
+    ``OBJECT_READ_CONCURRENCY`` at a time (none started after ``OBJECT_READS_S`` once the
+    decode has its images), and the objects per second of Swift's per-request work that came
+    at (None where the link's share was all of the time)."""
     data, etag = swift.get(source.container, source.shard, observe=False)
     check_pin(source, etag)
     entries = parse_part(data, source.where)[:OBJECT_SAMPLES]
@@ -253,21 +297,32 @@ def _read_images_concurrently(
         raise ConfigurationError(f"{source.where} names no image to time the reads with")
     container = source.image_container
     workers = max(1, min(OBJECT_READ_CONCURRENCY, len(entries)))
-    with ThreadPoolExecutor(workers, "hapi-cost-reads") as pool:
-        began = time.perf_counter()
+    began = time.perf_counter()
+    ended = [began]
+
+    def read(i_name: tuple[int, str]) -> bytes | None:
+        i, name = i_name
+        if i >= DECODE_SAMPLES and time.perf_counter() - began > OBJECT_READS_S:
+            return None
         # Not observed one by one: each of these short reads shares the link with the others,
         # and alone would time a fraction of it.
-        got = list(pool.map(lambda e: swift.get(container, e.name, observe=False)[0], entries))
-        wall = time.perf_counter() - began
+        got = swift.get(container, name, observe=False)[0]
+        ended.append(time.perf_counter())
+        return got
+
+    with ThreadPoolExecutor(workers, "hapi-cost-reads") as pool:
+        got = [b for b in pool.map(read, enumerate(e.name for e in entries)) if b is not None]
+    wall = max(ended) - began
+    per_object = request_s_per_object(len(got), sum(map(len, got)), wall, link_bytes_per_s)
     status.info(
-        "timings: %d images of %s read %d at a time in %.2f s (%.0f objects/s)",
+        "timings: %d images of %s read %d at a time in %.2f s (%s)",
         len(got),
         source.where,
         workers,
         wall,
-        len(got) / max(wall, 1e-9),
+        "link-bound" if per_object is None else f"{1 / per_object:.0f} objects/s of requests",
     )
-    return got[:DECODE_SAMPLES], len(got) / max(wall, 1e-9)
+    return got[:DECODE_SAMPLES], None if per_object is None else 1 / per_object
 
 
 def measure_pipeline_costs(
@@ -284,47 +339,45 @@ def measure_pipeline_costs(
     """The client's and the server's costs of every split up to the freeze index: the images
     are read from ``swift``, the server's timings asked for through ``transport``.
 
-    The server is asked while the client times its own layers: a cold server loads the model
-    and times its head in the seconds the client's layers take, so a cold plan waits for the
-    slower of the two, not for their sum. The images are read first: the link probe among them
-    must not share the link with the server's reads of the shard and the weights.
+    The server is asked as soon as the link is probed, while the client reads its images and
+    times its own layers: a cold server loads the model and times its head in the seconds the
+    client's layers take, a warm one answers from its kept timings in the time the client's
+    reads take, so a plan waits for the slower of the two, not for their sum. The link probe
+    (a shard's prefix, a ``folder`` dataset's ranged read of the weights) runs first, alone:
+    it must not share Swift with the server's reads of the shard and the weights.
     """
     manifest = prepared.manifest
     source = ShardSource.of(manifest, container, 0)
     stored = prepared.stored
-    sampled = _sample_images(
-        swift, source, manifest.mean_shard_bytes_per_sample, (stored.container, stored.object)
-    )
-    images, rate, objects_per_s = sampled.images, sampled.link_bytes_per_s, sampled.objects_per_s
     freeze = prepared.freeze_index
-    if freeze == 0:
-        client_costs = _time_client(prepared, images, device)
-        return PipelineCosts(
-            client_costs, None, "the freeze index is 0: nothing to push down", rate, objects_per_s
-        )
-    req = TimingsRequest(
-        container=source.container,
-        shard=source.shard,
-        layout=source.layout,
-        data_container=source.data_container,
-        label_field=source.label_field,
-        model=stored.ref(),
-        split_index=freeze,
-        transform=TransformSpec.model_validate(prepared.transform),
-        b_max=b_max,
-        profile=prepared.profile_spec,
-        output_dtype=output_dtype,
-        compression=compression,
-        samples=min(TIMING_BATCH, manifest.shards[0].samples, b_max),
-    )
-    status.info(
-        "timings: asking the server for the cost of layers [0, %d) of %s on its device",
-        freeze,
-        stored.arch,
-    )
     pool = ThreadPoolExecutor(1, "hapi-server-timings")
     try:
-        asked = pool.submit(_timed, transport.timings, req)
+        probed = _probe_link(swift, source, (stored.container, stored.object))
+        asked = None
+        if freeze > 0 and source.layout is DatasetLayout.FOLDER:
+            asked = pool.submit(
+                _timed,
+                transport.timings,
+                _timings_request(prepared, source, output_dtype, compression, b_max),
+            )
+        sampled = _sample_images(swift, source, manifest.mean_shard_bytes_per_sample, probed)
+        rate = probed if probed is not None else sampled.link_bytes_per_s
+        images, objects_per_s = sampled.images, sampled.objects_per_s
+        if freeze == 0:
+            client_costs = _time_client(prepared, images, device)
+            return PipelineCosts(
+                client_costs,
+                None,
+                "the freeze index is 0: nothing to push down",
+                rate,
+                objects_per_s,
+            )
+        if asked is None:
+            asked = pool.submit(
+                _timed,
+                transport.timings,
+                _timings_request(prepared, source, output_dtype, compression, b_max),
+            )
         client_costs = _time_client(prepared, images, device)
         # Bounded: the transport's request timeout and retry policy bound the request.
         try:
@@ -354,6 +407,36 @@ def measure_pipeline_costs(
         got.cached,
     )
     return PipelineCosts(client_costs, server, "", rate, objects_per_s)
+
+
+def _timings_request(
+    prepared: PreparedModel,
+    source: ShardSource,
+    output_dtype: OutputDtype,
+    compression: Compression,
+    b_max: int,
+) -> TimingsRequest:
+    freeze, stored = prepared.freeze_index, prepared.stored
+    status.info(
+        "timings: asking the server for the cost of layers [0, %d) of %s on its device",
+        freeze,
+        stored.arch,
+    )
+    return TimingsRequest(
+        container=source.container,
+        shard=source.shard,
+        layout=source.layout,
+        data_container=source.data_container,
+        label_field=source.label_field,
+        model=stored.ref(),
+        split_index=freeze,
+        transform=TransformSpec.model_validate(prepared.transform),
+        b_max=b_max,
+        profile=prepared.profile_spec,
+        output_dtype=output_dtype,
+        compression=compression,
+        samples=min(TIMING_BATCH, prepared.manifest.shards[0].samples, b_max),
+    )
 
 
 def _time_client(prepared: PreparedModel, images: list[bytes], device: torch.device) -> ClientCosts:

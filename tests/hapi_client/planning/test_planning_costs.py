@@ -86,3 +86,70 @@ def test_the_server_is_asked_while_the_client_times_its_layers(
     assert seen == [True]
     assert got.server is not None and got.server.layer_s == [0.01] * FREEZE
     assert got.server_missing == ""
+
+
+class _Swift:
+    """A made-up Swift session whose ranged reads are recorded: no bandwidth known yet."""
+
+    bandwidth = None
+
+    def __init__(self, transport: _Transport) -> None:
+        self.transport = transport
+        self.reads: list[tuple[str, str, dict[str, Any]]] = []
+        self.asked_before: list[bool] = []
+
+    def read_prefix(self, container: str, name: str, nbytes: int, **kw: Any) -> tuple[float, bytes]:
+        self.reads.append((container, name, kw))
+        return 1e8, b""
+
+
+def test_a_folder_plan_probes_the_link_briefly_then_asks_the_server_before_reading_images(
+    made_up: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    transport = _Transport()
+    swift = _Swift(transport)
+    folder = SimpleNamespace(
+        container="c",
+        shard="s",
+        layout=costs.DatasetLayout.FOLDER,
+        data_container=None,
+        label_field=None,
+    )
+    monkeypatch.setattr(costs, "ShardSource", SimpleNamespace(of=lambda *a: folder))
+
+    def sample(swift_: Any, source: Any, per_sample: float, link: float | None) -> Any:
+        # A warm server answers in the time these reads take: it must be asked before them.
+        swift.asked_before.append(transport.asked.wait(WAIT_S))
+        assert link == 1e8  # the probe's rate: its share of the reads' time is the link's
+        return costs._Sampled([b"jpeg"], None, 100.0)
+
+    monkeypatch.setattr(costs, "_sample_images", sample)
+    monkeypatch.setattr(
+        costs,
+        "measure_client_costs",
+        lambda *a, **k: ClientCosts(0.001, [0.01] * FREEZE, 0.001, 0.001, "cpu"),
+    )
+    got = costs.measure_pipeline_costs(
+        swift,  # type: ignore[arg-type]
+        transport,  # type: ignore[arg-type]
+        made_up,
+        "c",
+        output_dtype=OutputDtype("float32"),
+        compression=Compression("none"),
+        device=torch.device("cpu"),
+        b_max=16,
+    )
+    assert swift.asked_before == [True]
+    # The link is probed on the weights, for at most PROBE_S seconds, not megabytes at any rate.
+    assert swift.reads == [("m", "o", {"max_seconds": costs.PROBE_S})]
+    assert got.probed_bytes_per_s == 1e8 and got.objects_per_s == 100.0
+    assert got.server is not None
+
+
+def test_per_object_request_work_leaves_out_the_links_share() -> None:
+    # 48 objects, 4.8 MB in 1.0 s over a 40 MB/s link: 0.12 s of it is the link's.
+    assert costs.request_s_per_object(48, 4_800_000, 1.0, 40e6) == pytest.approx(0.88 / 48)
+    # Unknown link: all of the time is the requests'.
+    assert costs.request_s_per_object(48, 4_800_000, 1.0, None) == pytest.approx(1.0 / 48)
+    # Link-bound (the bytes alone take the whole time): nothing to say about the requests.
+    assert costs.request_s_per_object(48, 4_800_000, 1.0, 4e6) is None

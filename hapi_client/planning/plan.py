@@ -66,6 +66,7 @@ def decide_split(
     epochs: int = 1,
     cached: bool = False,
     planning_s: float = 0.0,
+    cached_split: int | None = None,
 ) -> SplitDecision:
     """The split for ``split`` = ``"auto"`` (the fastest epoch predicted from ``costs`` and
     ``bandwidth``, each of ``world_size`` ranks taking its share of the manifest's samples;
@@ -74,7 +75,8 @@ def decide_split(
 
     ``"auto"`` ranks the whole job: ``epochs`` epochs, the later ones from the feature cache
     where ``cached`` (the caller keeps features and no random augmentation changes them), plus
-    the ``planning_s`` already spent."""
+    the ``planning_s`` already spent; ``cached_split``: the split whose features the cache
+    already holds (an epoch boundary's), whose epochs left are all cached ones."""
     if split == "freeze":
         return SplitDecision(freeze, "forced to the freeze index", 0.0, 0.0, 0.0, (), "forced")
     if isinstance(split, int) and not isinstance(split, bool):
@@ -96,7 +98,7 @@ def decide_split(
             batch_size,
             bandwidth,
             freeze,
-            job=JobShape(iterations, epochs, cached, planning_s),
+            job=JobShape(iterations, epochs, cached, planning_s, cached_split),
             read_s_per_sample=1 / costs.objects_per_s if costs.objects_per_s else 0.0,
         )
     decision = choose_split_index(
@@ -150,7 +152,9 @@ def plan_split(
        ``batch_size``; 1 where ``batch_size`` is already a round's, as in the robust trainer). With ``current`` (an epoch boundary), the current
        decision stays unless the bandwidth estimate drifted more than 25 % from the one it was
        made on. ``"auto"`` ranks the whole job: ``epochs`` epochs, the later ones from the
-       feature cache where ``cached``, plus the seconds this plan spent measuring.
+       feature cache where ``cached``, plus the seconds this plan spent measuring; at an epoch
+       boundary with ``cached``, the current split's epochs left all come from the cache (its
+       features are there), so a drift moves the split only where re-extracting pays.
     4. **Agreement** with ``collective`` (``torch.distributed`` is initialised): rank 0 runs
        steps 1 to 3 alone and broadcasts its index (an int64 tensor: nothing is pickled); the
        other ranks measure nothing and get an ``"agreed"`` decision with that index. Every rank
@@ -211,6 +215,8 @@ def plan_split(
             epochs=epochs,
             cached=cached,
             planning_s=time.perf_counter() - began,
+            # The epochs run so far filled the cache at the current split.
+            cached_split=current.split_index if current is not None and cached else None,
         )
         if current is not None and decision.split_index != current.split_index:
             log.info(

@@ -26,6 +26,10 @@ cache, which sends no request and ships nothing, so that a later epoch costs onl
 layers ``[s, freeze)`` and the tail (split 0 is never cached: raw shards are read and decoded
 every epoch); plus the seconds spent planning, the same for every split. So a many-epoch cached
 job favours a split that leaves the client little to do, even where its first epoch is slower.
+At an epoch boundary the split already run has its features in the cache
+(``JobShape.cached_split``): every epoch left costs it a cached one, where another split would
+extract them all again first; a drift of the link, which a cached epoch does not use, does not
+make that worth it unless the cached epochs' client work does.
 Without a job the rule ranks one epoch, or without its length one steady-state iteration.
 
 A ``folder`` dataset's images are one object each: whoever runs layer 0 reads them one request
@@ -136,10 +140,16 @@ class StageTimes:
 
     def job_s(self, job: JobShape) -> float:
         """The whole job: the first epoch through the pipeline, every later one from the
-        feature cache where ``job.cached`` (else through the pipeline again), and planning."""
+        feature cache where ``job.cached`` (else through the pipeline again), and planning;
+        every epoch from the cache for the split whose features it already holds."""
+        if self._from_cache(job):
+            return job.planning_s + job.epochs * self.cached_epoch_s(job.iterations)
         later = self.cached_epoch_s if job.cached else self.epoch_s
         first = self.epoch_s(job.iterations)
         return job.planning_s + first + (job.epochs - 1) * later(job.iterations)
+
+    def _from_cache(self, job: JobShape) -> bool:
+        return job.cached and self.split != 0 and self.split == job.cached_split
 
     @property
     def limiter(self) -> str:
@@ -154,6 +164,11 @@ class StageTimes:
 
     def describe(self, iterations: int | None = None, job: JobShape | None = None) -> str:
         """The figure the rule ranked first, then the stages it came from."""
+        if job is not None and self._from_cache(job):
+            return (
+                f"split {self.split}: {self.job_s(job):.3f} s for the job (its features cached: "
+                f"{self.cached_epoch_s(job.iterations):.3f} s per epoch; {self.stages()})"
+            )
         if job is not None and job.epochs > 1:
             later = self.cached_epoch_s if job.cached else self.epoch_s
             return (
@@ -181,6 +196,9 @@ class JobShape:
     planning_s: float = 0.0
     """Seconds already spent planning (the same for every split: it adds to the job's time, and
     to every split's alike)."""
+    cached_split: int | None = None
+    """The split whose features the cache already holds (at an epoch boundary, the one run so
+    far, where ``cached``): every epoch left is a cached one for it."""
 
     def __post_init__(self) -> None:
         if self.iterations < 1:
@@ -191,10 +209,15 @@ class JobShape:
             raise ConfigurationError(f"a job needs at least one epoch, got {self.epochs}")
 
     def describe(self) -> str:
+        held = (
+            f", split {self.cached_split}'s features in the cache"
+            if self.cached and self.cached_split
+            else ""
+        )
         if self.epochs == 1:
-            return f"over an epoch of {self.iterations} iterations"
+            return f"over an epoch of {self.iterations} iterations{held}"
         cache = "features cached after the first" if self.cached else "no feature cache"
-        return f"over a job of {self.epochs} epochs of {self.iterations} iterations ({cache})"
+        return f"over a job of {self.epochs} epochs of {self.iterations} iterations ({cache}{held})"
 
 
 def predict_stage_times(

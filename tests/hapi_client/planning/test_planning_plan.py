@@ -16,7 +16,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hapi_client import BandwidthEstimator
-from hapi_client.planning import ClientCosts, PipelineCosts, SplitDecision, plan_split
+from hapi_client.planning import (
+    ClientCosts,
+    PipelineCosts,
+    ServerCosts,
+    SplitDecision,
+    plan_split,
+)
 from hapi_contract import Compression, DatasetLayout, OutputDtype
 
 MBIT = 1e6 / 8
@@ -123,6 +129,30 @@ def test_at_an_epoch_boundary_the_decision_stays_unless_the_bandwidth_drifted(
     assert same is first
     drifted = _plan(_client(RATE / 100), prepared, "thesis", current=first).decision
     assert drifted is not first and drifted.budget_bytes == pytest.approx(RATE / 100)
+
+
+def test_at_an_epoch_boundary_auto_keeps_the_split_whose_features_are_cached(
+    prepared: Any,
+) -> None:
+    # Layer 16 is heavy on the server and light on the client: split 17 leaves the client
+    # little for the cached epochs, split 16 extracts its first epoch faster.
+    server = ServerCosts(0.0, [0.0] * 16 + [0.1], [0.0] * FREEZE, [1e3] * FREEZE)
+    client = ClientCosts(0.0, [0.0] * 16 + [0.05], 0.01, 0.0)
+    costs = PipelineCosts(client, server)
+    manifest = SimpleNamespace(**vars(prepared.manifest), num_samples=640)
+    shaped = SimpleNamespace(**{**vars(prepared), "manifest": manifest})
+    first = _plan(_client(RATE), shaped, "auto", costs=costs, epochs=5, cached=True).decision
+    assert first.split_index == FREEZE
+    # The link halves before the last epoch: from scratch one epoch favours an earlier split
+    # (16 or any before it, the same here), but split 17's features are in the cache and its
+    # last epoch ships nothing.
+    fresh = _plan(_client(RATE / 2), shaped, "auto", costs=costs, epochs=1, cached=True)
+    assert fresh.decision.split_index < FREEZE
+    last = _plan(
+        _client(RATE / 2), shaped, "auto", costs=costs, current=first, epochs=1, cached=True
+    ).decision
+    assert last.split_index == FREEZE and last.job is not None
+    assert last.job.cached_split == FREEZE
 
 
 def _rank(rank: int, port: int, out: str) -> None:

@@ -136,6 +136,21 @@ def test_a_cached_multi_epoch_job_can_choose_another_split_than_one_epoch() -> N
     assert cached.job == _job(5, True)
 
 
+def test_the_split_whose_features_are_cached_pays_only_cached_epochs() -> None:
+    # One epoch left: from scratch split 1 is faster, but split 2's features are in the cache.
+    fresh = choose_split_by_time(JOB_SERVER, JOB_CLIENT, 2e3, 10, WIDE, 2, job=_job(1, True))
+    held = JobShape(iterations=10, epochs=1, cached=True, cached_split=2)
+    kept = choose_split_by_time(JOB_SERVER, JOB_CLIENT, 2e3, 10, WIDE, 2, job=held)
+    assert (fresh.split_index, kept.split_index) == (1, 2)
+    times = {t.split: t for t in kept.predictions}
+    assert times[2].job_s(held) == pytest.approx(times[2].cached_epoch_s(10))
+    assert times[1].job_s(held) == pytest.approx(times[1].epoch_s(10))
+    assert "split 2's features in the cache" in kept.reason
+    # Split 0 is never cached, whatever the job says.
+    raw = JobShape(iterations=10, epochs=2, cached=True, cached_split=0)
+    assert times[0].job_s(raw) == pytest.approx(2 * times[0].epoch_s(10))
+
+
 def test_an_uncached_job_is_its_epochs_times_one_epoch_plus_planning() -> None:
     uncached = choose_split_by_time(
         JOB_SERVER, JOB_CLIENT, 2e3, 10, WIDE, 2, job=_job(5, False, planning_s=3.0)

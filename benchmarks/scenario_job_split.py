@@ -62,7 +62,7 @@ FULL_EXTRA = 4
 #: Images per class (ten classes): ten iterations of ``BATCH`` per epoch.
 PER_CLASS = 30
 #: Rounds of every run in a cell; each split's job time is the least of its rounds.
-REPEATS = 2
+REPEATS = 3
 
 
 @dataclass(frozen=True)

@@ -151,8 +151,10 @@ def read_shard_samples(
     max_samples: int,
     max_object_bytes: int,
     max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
+    first: int | None = None,
 ) -> ShardRead[list[ShardSample]]:
-    """The samples of ``source``'s shard in stored order, every one checked.
+    """The samples of ``source``'s shard in stored order, every one checked; with ``first``,
+    only the first ``first`` of them (a ``folder`` part's other images are not read at all).
 
     ``max_object_bytes`` bounds what one shard reads: its tar, or the sum of a part's images as
     the part pins them (a part over it is a :class:`TooManySamplesError` before any image is
@@ -174,6 +176,7 @@ def read_shard_samples(
                 max_samples=max_samples,
                 max_object_bytes=max_object_bytes,
                 max_image_bytes=max_image_bytes,
+                first=first,
             )
         )
     data, etag = yield ReadObject(source.container, source.shard, max_object_bytes)
@@ -204,7 +207,7 @@ def read_shard_samples(
 
     samples: list[ShardSample] = yield Parse(parse)
     _check_count(len(samples), max_samples, where)
-    return samples
+    return samples if first is None else samples[:first]
 
 
 def check_pin(source: ShardSource, etag: str) -> None:
@@ -240,6 +243,7 @@ def _read_folder_part(
     max_samples: int,
     max_object_bytes: int,
     max_image_bytes: int,
+    first: int | None = None,
 ) -> ShardRead[list[ShardSample]]:
     where = source.where
     # A part line is at most MAX_PART_LINE_BYTES; parse_part counts the lines.
@@ -261,6 +265,8 @@ def _read_folder_part(
             f"part {where}: its images take {total} bytes, over the limit of "
             f"{max_object_bytes} bytes per request (max_object_bytes)"
         )
+    if first is not None:
+        entries = entries[:first]  # one GET per image: the others are never read
     images = source.image_container
     blobs: list[bytes] = yield ReadObjects(
         images, tuple(entry.name for entry in entries), max_image_bytes

@@ -31,6 +31,7 @@ from hapi_contract import (
     ReadObjects,
     ShardRead,
     ShardSource,
+    TimingsRequest,
     TooManySamplesError,
     read_shard_samples,
 )
@@ -179,6 +180,7 @@ def read_named_samples(
     num_classes: int,
     reserve: ReserveRead | None = None,
     read_etags: list[str] | None = None,
+    first: int | None = None,
 ) -> Flow[tuple[list[bytes], list[int], list[str]]]:
     """A shard's images and labels in any layout, read as the caller and checked: the format
     (422), the sample count (413), the shard object and a folder part's images against their
@@ -203,6 +205,7 @@ def read_named_samples(
         max_samples=settings.max_samples_per_request,
         max_object_bytes=settings.max_object_bytes,
         max_image_bytes=settings.max_image_bytes,
+        first=first,
     )
     try:
         samples = yield from _perform_read(rt, read, source, reserve, read_etags)
@@ -549,7 +552,14 @@ def _prepare(
     try:
         reading = time.perf_counter()
         images, labels, names = yield from read_named_samples(
-            rt, source_of(req, req.shard), req.model.num_classes, reserve_read, read_etags
+            rt,
+            source_of(req, req.shard),
+            req.model.num_classes,
+            reserve_read,
+            read_etags,
+            # A timing request times its first images only: a folder part's others (hundreds
+            # of GETs) would cost a warm plan seconds for nothing.
+            first=req.samples if isinstance(req, TimingsRequest) else None,
         )
         if computation is not None and read_etags != [computation.key.shard_etag]:
             # The shard was overwritten between this request's HEAD and its GET: its features

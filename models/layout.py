@@ -2,8 +2,8 @@
 
 EfficientNet-Lite0's head to split 9 ran 2.56x faster on a CPU in ``channels_last`` (issue 30)
 while ResNet18's and ViT-B/16's did not change, so the choice is measured, not assumed: once
-per (architecture, split, input shape, device), on the request's first batch, and kept in
-memory. The two timings are one run each on a shared host, so a process that measured again
+per (architecture, split, input shape, device), on a few samples of the request's first batch,
+and kept in memory. The two timings are one run each on a shared host, so a process that measured again
 could choose the other layout and compute features a few ulps apart from the last; a host
 therefore also keeps each choice on disk (``persist``), in HAPI's cache directory through
 :mod:`.listing_cache` (a directory ``layout``, one JSON file per key, written whole),
@@ -27,12 +27,16 @@ import torch
 
 from . import listing_cache
 
-__all__ = ["STORE_KIND", "LayoutChooser", "stored_key", "to_layout"]
+__all__ = ["PROBE_SAMPLES", "STORE_KIND", "LayoutChooser", "stored_key", "to_layout"]
 
 log = logging.getLogger(__name__)
 
 # channels_last must win by this much: the two timings are one run each, on a shared host.
 _MARGIN = 0.9
+#: The samples of a key's first batch each layout is timed on: the two layouts' ratio is what is
+#: compared, and eight samples keep a convolution's working set near a batch's (its activations
+#: outgrow the caches either way) while the timing costs a first request one batch of 32, not 3.
+PROBE_SAMPLES = 8
 #: The kept choices' directory in HAPI's cache directory.
 STORE_KIND = "layout"
 #: Bumped when a kept choice's key or entry changes: older files are then simply not found.
@@ -71,8 +75,11 @@ class LayoutChooser:
             choice = self._read_kept(key, x.device)
         if choice is not None:
             return head(to_layout(x, choice))
-        contiguous = _timed(head, x)
-        last = _timed(head, to_layout(x, True))
+        # Each layout runs twice (a warm-up, then the timed run): on the whole batch, that would
+        # cost a first request three batches' work beyond its own.
+        probe = x[:PROBE_SAMPLES]
+        contiguous = _timed(head, probe)
+        last = _timed(head, to_layout(probe, True))
         choice = last[0] < _MARGIN * contiguous[0]
         with self._lock:
             # A request measuring the same key meanwhile: the first choice stays, on disk too.
@@ -89,6 +96,8 @@ class LayoutChooser:
             if stored is not None:
                 entry = {"channels_last": kept, "contiguous_s": contiguous[0], "last_s": last[0]}
                 listing_cache.write_entry(stored, entry, kind=STORE_KIND)
+        if len(probe) < len(x):
+            return head(to_layout(x, kept))
         # The kept layout's output, not this timing's winner: one key, one layout's features.
         return last[1] if kept else contiguous[1]
 

@@ -190,3 +190,20 @@ def test_a_request_that_measured_while_another_chose_answers_in_the_kept_layout(
 
     assert chooser.forward(KEY, which_layout, X).item() is False
     assert chooser.known(KEY) is False
+
+
+def test_a_large_first_batch_is_timed_on_a_probe_and_run_once_in_the_kept_layout() -> None:
+    """The timing costs a few samples per layout: the whole batch runs once, in the layout kept."""
+    sizes: list[tuple[int, bool]] = []
+
+    def head(x: torch.Tensor) -> torch.Tensor:
+        sizes.append((len(x), x.is_contiguous(memory_format=torch.channels_last)))
+        return x * 2
+
+    chooser = LayoutChooser()
+    x = torch.arange(20 * 3 * 4 * 4, dtype=torch.float32).reshape(20, 3, 4, 4)
+    assert chooser.forward("k", head, x).equal(x * 2)
+    kept = chooser.known("k")
+    probe = layout.PROBE_SAMPLES
+    assert sizes[:4] == [(probe, False), (probe, False), (probe, True), (probe, True)]
+    assert sizes[4:] == [(20, kept)]

@@ -6,8 +6,7 @@ Three measurements, each made once per run:
   the bandwidth (a few hundred kilobytes when the bandwidth is already known); a ``folder``
   part's images read at the epoch's concurrency, the link probed apart on the model's weights;
 * the server's costs: ``POST /v1/timings`` over those images' shard, on the server's device,
-  asked as soon as the link probe is done, while the client reads its images and times its
-  own layers;
+  asked once they are read, while the client times its own layers;
 * the client's costs: the same images decoded here, the frozen layers timed one by one and the
   trainable tail's forward, backward and optimizer step, on the device that will train (kept per
   process and on local disk, :mod:`.cost_cache`: the same model on the same machine costs the
@@ -339,12 +338,13 @@ def measure_pipeline_costs(
     """The client's and the server's costs of every split up to the freeze index: the images
     are read from ``swift``, the server's timings asked for through ``transport``.
 
-    The server is asked as soon as the link is probed, while the client reads its images and
-    times its own layers: a cold server loads the model and times its head in the seconds the
-    client's layers take, a warm one answers from its kept timings in the time the client's
-    reads take, so a plan waits for the slower of the two, not for their sum. The link probe
-    (a shard's prefix, a ``folder`` dataset's ranged read of the weights) runs first, alone:
-    it must not share Swift with the server's reads of the shard and the weights.
+    The server is asked while the client times its own layers: a cold server loads the model
+    and times its head in the seconds the client's layers take, so a cold plan waits for the
+    slower of the two, not for their sum. The link probe (a shard's prefix, a ``folder``
+    dataset's ranged read of the weights) and a ``folder`` part's image reads run first, alone:
+    they must not share Swift, or the core it runs on, with the server's reads and compute (a
+    ``folder`` plan that read its images while a cold server timed its head on Swift's core
+    measured 13 objects/s instead of about 100, a read floor that ranked the splits wrongly).
     """
     manifest = prepared.manifest
     source = ShardSource.of(manifest, container, 0)
@@ -353,13 +353,6 @@ def measure_pipeline_costs(
     pool = ThreadPoolExecutor(1, "hapi-server-timings")
     try:
         probed = _probe_link(swift, source, (stored.container, stored.object))
-        asked = None
-        if freeze > 0 and source.layout is DatasetLayout.FOLDER:
-            asked = pool.submit(
-                _timed,
-                transport.timings,
-                _timings_request(prepared, source, output_dtype, compression, b_max),
-            )
         sampled = _sample_images(swift, source, manifest.mean_shard_bytes_per_sample, probed)
         rate = probed if probed is not None else sampled.link_bytes_per_s
         images, objects_per_s = sampled.images, sampled.objects_per_s
@@ -372,12 +365,11 @@ def measure_pipeline_costs(
                 rate,
                 objects_per_s,
             )
-        if asked is None:
-            asked = pool.submit(
-                _timed,
-                transport.timings,
-                _timings_request(prepared, source, output_dtype, compression, b_max),
-            )
+        asked = pool.submit(
+            _timed,
+            transport.timings,
+            _timings_request(prepared, source, output_dtype, compression, b_max),
+        )
         client_costs = _time_client(prepared, images, device)
         # Bounded: the transport's request timeout and retry policy bound the request.
         try:

@@ -115,6 +115,18 @@ def _cached(name: str, family: str, transform: InputTransform) -> ModelListing:
 
 
 def _traced(name: str, family: str, transform: InputTransform) -> ModelListing:
+    spec = get_spec(name)
+    traced = spec.traced_sample_shapes
+    if traced is not None:
+        # Cutting the graph propagated the shapes already: nothing to build or run.
+        return ModelListing(
+            name,
+            family,
+            transform,
+            spec.layer_names,
+            spec.default_freeze_index,
+            (transform.input_shape, *traced),
+        )
     with torch.device("meta"):  # shapes only
         model = get_model(name, num_classes=1000)
         x = torch.empty((1, *transform.input_shape))

@@ -29,10 +29,16 @@ Builder = Callable[[int, bool], SplittableModel]
 
 
 class SplitLayout(NamedTuple):
-    """An architecture's split points: one name per layer and the default freeze index."""
+    """An architecture's split points: one name per layer and the default freeze index.
+
+    ``sample_shapes``: one sample's output shape per layer at the architecture's input size,
+    when cutting the graph computed them (its trace propagates shapes); None for a hand-cut
+    network, whose shapes a forward on the meta device gives (:mod:`.listing`).
+    """
 
     layer_names: tuple[str, ...]
     default_freeze_index: int
+    sample_shapes: tuple[tuple[int, ...], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,11 @@ class ModelSpec:
     @property
     def num_layers(self) -> int:
         return len(self.layer_names)
+
+    @property
+    def traced_sample_shapes(self) -> tuple[tuple[int, ...], ...] | None:
+        """Each layer's output shape per sample, when tracing the layout computed them."""
+        return self._layout.sample_shapes
 
 
 Resolver = Callable[[str], "ModelSpec | None"]

@@ -1,17 +1,13 @@
 """What each split point of an architecture ships: the layer's name and one sample's output.
 
-Computed on the meta device (shapes only: nothing is allocated or computed), so listing the
-split points of a ViT-H costs what listing AlexNet's does.
+Computed from shapes only (a graph's traced shapes, or a forward on the meta device: nothing is
+allocated or computed), so listing the split points of a ViT-H costs what listing AlexNet's does.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import torch
-
-from .registry import get_model, get_spec
 
 __all__ = ["SplitPoint", "split_points"]
 
@@ -39,17 +35,13 @@ class SplitPoint:
 def split_points(arch: str) -> list[SplitPoint]:
     """Every split point of ``arch``, from 0 (ship the decoded image) to the whole network.
 
+    As the architecture listing describes it (:func:`~hapi_models.describe_model`: kept in this
+    process and on disk, so a network is traced once, not once per caller).
+
     Raises:
         UnknownModelError, UntraceableModelError, PluginError: as :func:`~hapi_models.get_spec`
             and building the model raise them.
     """
-    spec = get_spec(arch)
-    with torch.device("meta"):
-        model = get_model(arch, num_classes=1000)
-        x = torch.empty((1, *spec.transform.input_shape))
-    points = [SplitPoint(0, "input", tuple(x.shape[1:]))]
-    with torch.no_grad():
-        for index, (name, layer) in enumerate(zip(model.layer_names, model.layers, strict=True)):
-            x = layer(x)
-            points.append(SplitPoint(index + 1, name, tuple(x.shape[1:])))
-    return points
+    from .listing import describe_model  # noqa: PLC0415 - the listing imports SplitPoint
+
+    return describe_model(arch).split_points()

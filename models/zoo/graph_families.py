@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..errors import PretrainedWeightsUnavailableError, UnknownModelError
-from ..graph_split import split_graph
+from ..graph_split import graph_layout, split_graph
 from ..registry import ModelSpec, SplitLayout, is_registered, register, register_resolver
 from ..splittable import SplittableModel
 from ..transforms import InputTransform
@@ -151,8 +151,10 @@ def graph_spec(
     def layout() -> SplitLayout:
         with torch.device("meta"):  # shapes only: no memory, no initialisation
             net = construct(factory, 1000)
-        cut = split_graph(net, name, transform.input_shape, tracer_kwargs=tracer_kwargs)
-        return SplitLayout(cut.names, cut.classifier_index)
+        names, shapes, classifier = graph_layout(
+            net, name, transform.input_shape, tracer_kwargs=tracer_kwargs
+        )
+        return SplitLayout(names, classifier, shapes)
 
     return ModelSpec(
         name=name,

@@ -5,9 +5,15 @@ the disk feature cache, the restarted workers fetch nothing again.
 
 Setup: EfficientNet-Lite0 (ImageNet weights), 64 px, split = freeze = 21 (the server runs the
 backbone, the workers train the classifier on 1280 floats per sample); 480 Fashion-MNIST
-images in 12 shards of 40, 3 workers, a global batch of 48 (10 rounds per epoch), 3 epochs,
-a checkpoint every 2 rounds. Rank 2 sleeps 20 ms per sample (a simulated slow device), so a
-round lasts about 0.3 s and the kill lands mid-epoch.
+images in 12 shards of 40, 3 workers, a global batch of 48 (10 rounds per epoch), 2 epochs
+(the kill lands in the second: the disk cache holds every shard by then), a checkpoint every 2
+rounds. Rank 2 sleeps 20 ms per sample (a simulated slow device), so a round lasts about 0.3 s
+and the kill lands mid-epoch.
+
+Each torchrun start costs every worker its torch import and model set-up (about 17 s of CPU on
+two cores), so the tests that only resume a finished checkpoint, or are refused one, start a
+single worker on the 3 workers' checkpoint (a resized world is allowed; the refusal and the
+finished result do not depend on it).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +46,10 @@ from tests.hapi_client.distributed.torchrun_jobs import checkpoint_round, torchr
 
 pytestmark = [pytest.mark.slow, pytest.mark.swift]
 
-WORKERS, SAMPLES, SHARD, BATCH, EPOCHS = 3, 480, 40, 48, 3
+WORKERS, SAMPLES, SHARD, BATCH, EPOCHS = 3, 480, 40, 48, 2
 ROUNDS_PER_EPOCH = SAMPLES // BATCH
+#: Workers of the jobs that only resume a finished checkpoint or are refused one.
+ONE = 1
 CONTAINER = "resume-fmnist-train"
 EVERY_SAMPLE = sorted((s, i) for s in range(SAMPLES // SHARD) for i in range(SHARD))
 
@@ -131,23 +139,29 @@ def _outputs(config: DistributedConfig, work: Path) -> DistributedConfig:
     )
 
 
+@dataclass(frozen=True)
+class Uninterrupted:
+    config: DistributedConfig
+    result: DistributedResult
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(
     client_env: ClientEnv, base: DistributedConfig, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[DistributedConfig, DistributedResult]]:
+) -> Uninterrupted:
     work = tmp_path_factory.mktemp("uninterrupted")
     config = _outputs(base, work)
     result = launch(
         WORKERS, config, credentials=client_env.credentials, log_path=work / "torchrun.log"
     )
-    yield config, result
+    return Uninterrupted(config, result)
 
 
 @pytest.mark.parametrize("disk_cache", [False, True], ids=["memory cache", "disk cache"])
 def test_a_killed_worker_resumes_from_the_checkpoint_every_sample_once(
     client_env: ClientEnv,
     base: DistributedConfig,
-    uninterrupted: tuple[DistributedConfig, DistributedResult],
+    uninterrupted: Uninterrupted,
     tmp_path: Path,
     disk_cache: bool,
 ) -> None:
@@ -170,9 +184,8 @@ def test_a_killed_worker_resumes_from_the_checkpoint_every_sample_once(
     assert [m.rounds for m in result.history] == [ROUNDS_PER_EPOCH] * EPOCHS
 
     # Same world, same rounds, same seeds: the resumed run ends where the uninterrupted one did.
-    reference_config, _ = uninterrupted
     mine = load_file(str(config.save_path))
-    theirs = load_file(str(reference_config.save_path))
+    theirs = load_file(str(uninterrupted.config.save_path))
     assert mine.keys() == theirs.keys()
     assert all(bool((mine[k] == theirs[k]).all()) for k in mine)
 
@@ -191,21 +204,33 @@ def test_a_killed_worker_resumes_from_the_checkpoint_every_sample_once(
         assert again > 0  # the memory cache died with the workers
 
 
+def _alone(config: DistributedConfig) -> DistributedConfig:
+    """``config`` for :data:`ONE` worker: no rank 2 to slow down (not part of the fingerprint)."""
+    return config.replace(straggler_rank=None, straggler_delay_s=0.0)
+
+
 def test_a_finished_checkpoint_resumes_to_the_same_result(
-    client_env: ClientEnv, uninterrupted: tuple[DistributedConfig, DistributedResult]
+    client_env: ClientEnv, uninterrupted: Uninterrupted, tmp_path: Path
 ) -> None:
-    config, result = uninterrupted
-    again = launch(WORKERS, config, credentials=client_env.credentials)
+    config = _alone(uninterrupted.config).replace(
+        results_path=str(tmp_path / "results.json"),
+        save_path=str(tmp_path / "weights.safetensors"),
+    )
+    again = launch(ONE, config, credentials=client_env.credentials)
     assert again.resumed_round == EPOCHS * ROUNDS_PER_EPOCH
-    assert [m.loss for m in again.history] == [m.loss for m in result.history]
+    assert [m.loss for m in again.history] == [m.loss for m in uninterrupted.result.history]
+    mine = load_file(str(config.save_path))
+    theirs = load_file(str(uninterrupted.config.save_path))
+    assert mine.keys() == theirs.keys()
+    assert all(bool((mine[k] == theirs[k]).all()) for k in mine)
 
 
 def test_another_runs_checkpoint_directory_is_refused(
-    client_env: ClientEnv, uninterrupted: tuple[DistributedConfig, DistributedResult]
+    client_env: ClientEnv, uninterrupted: Uninterrupted
 ) -> None:
-    config, _ = uninterrupted
+    config = _alone(uninterrupted.config)
     other = config.replace(train=config.train.replace(seed=1))
     with pytest.raises(
         LaunchError, match=r"belongs to another run \(seed: checkpoint 0, this run 1\)"
     ):
-        launch(WORKERS, other, credentials=client_env.credentials)
+        launch(ONE, other, credentials=client_env.credentials)

@@ -83,7 +83,7 @@ def split_graph(
         layers.append(
             _layer(cut.graph_module, net, cut.nodes[start + 1 : end + 1], entering, leaving)
         )
-    return GraphLayers(layers, cut.names, cut.shapes, _classifier_index(layers))
+    return GraphLayers(layers, cut.names, cut.shapes, cut.classifier_index(net))
 
 
 def graph_layout(
@@ -102,13 +102,7 @@ def graph_layout(
         UntraceableModelError: as :func:`split_graph`.
     """
     cut = _cut(net, arch, input_shape, tracer_kwargs)
-    classifier = len(cut.names) - 1
-    for index, ((start, _), (end, _)) in enumerate(zip(cut.points, cut.points[1:], strict=False)):
-        # The modules each layer calls, as its GraphModule would hold them (_classifier_index).
-        called = (str(n.target) for n in cut.nodes[start + 1 : end + 1] if n.op == "call_module")
-        if any(_is_classifier(m) for t in called for m in net.get_submodule(t).modules()):
-            classifier = index
-    return cut.names, cut.shapes, classifier
+    return cut.names, cut.shapes, cut.classifier_index(net)
 
 
 @dataclass(frozen=True)
@@ -120,6 +114,19 @@ class _Cut:
     points: list[tuple[int, fx.Node]]
     names: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
+
+    def classifier_index(self, net: nn.Module) -> int:
+        """The last layer that calls a linear layer (or a 1x1 convolution: SqueezeNet's
+        classifier), itself or inside a module it calls; the last layer when none does."""
+        found = len(self.names) - 1
+        spans = zip(self.points, self.points[1:], strict=False)
+        for index, ((start, _), (end, _)) in enumerate(spans):
+            called = (
+                str(n.target) for n in self.nodes[start + 1 : end + 1] if n.op == "call_module"
+            )
+            if any(_is_classifier(m) for t in called for m in net.get_submodule(t).modules()):
+                found = index
+        return found
 
 
 def _cut(
@@ -328,14 +335,6 @@ def _keep_constants_out_of_state(layer: fx.GraphModule, source: nn.Module) -> No
         if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
             del owner._buffers[leaf]  # re-registered below: register_buffer refuses a name in use
             owner.register_buffer(leaf, value, persistent=False)
-
-
-def _classifier_index(layers: list[nn.Module]) -> int:
-    """The last layer that holds a linear layer (or a 1x1 convolution: SqueezeNet's classifier)."""
-    for index in range(len(layers) - 1, -1, -1):
-        if any(_is_classifier(m) for m in layers[index].modules()):
-            return index
-    return len(layers) - 1
 
 
 def _is_classifier(module: nn.Module) -> bool:

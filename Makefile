@@ -11,7 +11,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # in apt 2.6 (checked: it fails at once), hence the retry loop around `update`.
 APT_GET := apt-get -o DPkg::Lock::Timeout=600
 
-.PHONY: install system-deps demo test lint bench stack-up stack-down clean compose-check swift-functional
+.PHONY: install system-deps demo test suite lint style typecheck bench stack-up stack-down clean compose-check swift-functional
 
 install: $(STAMP) system-deps
 
@@ -41,18 +41,27 @@ system-deps:
 		$(SUDO) $(APT_GET) install -y -q $$missing; \
 	fi
 
-# Lint first: a formatting or typing slip fails in seconds, before the suite's long end-to-end tests.
+# ruff first: a formatting slip fails in a second, before the suite's long end-to-end tests; mypy
+# (about 40 s of one core) runs beside the suite, whose start-up waits on imports and servers, and
+# either one failing fails `make test`.
 # Two workers (pytest-xdist), a test file each at a time: a file's module fixtures (its servers,
 # its uploads) start once, and much of the suite waits on servers, proxies and torchrun jobs
 # rather than computing. Files are handed out in tests/conftest.py's order (the longest first),
 # not xdist's (the most tests first). TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
-test: install lint
+test: install style
+	@$(MAKE) --no-print-directory -j2 typecheck suite
+
+suite: install
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-lint: install
+lint: style typecheck
+
+style: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+typecheck: install
 	$(VENV)/bin/mypy models hapi_contract hapi_core hapi_server hapi_client hapi_stack hapi_cli swift_middleware benchmarks
 
 demo: install

@@ -22,20 +22,13 @@ import torch
 from hapi_client import FeatureDataset, HapiClient, RetryPolicy
 from hapi_client.retry import RetryEvent
 from hapi_contract import ExtractRequest, read_shard
-from hapi_core.settings import CoreSettings
 from tests.hapi_server.conftest import ServerProcess, start_server
 from tests.hapi_server.server_helpers import metric
 
 from .conftest import ClientEnv
-from .test_feature_dataset import MODEL, SMALL
+from .shared_store import STORE_SETTINGS, start_store_server, store_job
 
 WAIT_S = 120.0  # the bound of every wait on another thread
-# The server of this module: the session's settings with the store at its default bound.
-SETTINGS: dict[str, Any] = {
-    "cpu_memory_budget_bytes": 3 * 2**30,
-    "b_min": 4,
-    "feature_store_bytes": CoreSettings().feature_store_bytes,
-}
 
 
 @dataclass
@@ -51,7 +44,7 @@ class StoreEnv:
 
 @pytest.fixture(scope="module")
 def store(client_env: ClientEnv) -> Iterator[StoreEnv]:
-    server = start_server(client_env.stack, client_env.log_dir, None, **SETTINGS)
+    server = start_store_server(client_env)
     held = StoreEnv(dataclasses.replace(client_env, server=server))
     try:
         yield held
@@ -94,16 +87,7 @@ def _client(env: ClientEnv, job: Job, **retry: Any) -> HapiClient:
 def _dataset(env: ClientEnv, client: HapiClient) -> FeatureDataset:
     # The same data seed in every job: the same shard order, so each job's batches are the
     # others' and a job's delivery can be checked against an uninterrupted one batch by batch.
-    return FeatureDataset(
-        client,
-        model=env.models[MODEL].name,
-        container=env.train,
-        batch_size=8,
-        split="freeze",
-        transform=SMALL,
-        seed=3,
-        cache_features=False,
-    )
+    return store_job(env, client)
 
 
 def _manifest_labels(env: ClientEnv) -> Counter[int]:
@@ -227,7 +211,7 @@ def test_jobs_of_a_sweep_recover_from_a_server_killed_and_restarted_on_its_port(
             assert event.wait(WAIT_S), "a job did not retry after the kill"
         store.env = dataclasses.replace(
             env,
-            server=start_server(env.stack, env.log_dir, None, port=port, **SETTINGS),
+            server=start_server(env.stack, env.log_dir, None, port=port, **STORE_SETTINGS),
         )
         for job_done in running:
             job_done.result(timeout=WAIT_S)

@@ -11,25 +11,16 @@ import pytest
 
 from hapi_client import FeatureDataset, HapiClient, VerificationError
 from hapi_contract import ExtractRequest
-from hapi_core.settings import CoreSettings
-from tests.hapi_server.conftest import start_server
 from tests.hapi_server.server_helpers import metric
 
 from .conftest import ClientEnv
-from .test_feature_dataset import MODEL, SMALL
+from .shared_store import start_store_server, store_job
 
 
 @pytest.fixture(scope="module")
 def store_env(client_env: ClientEnv) -> Iterator[ClientEnv]:
     """The session's data and models behind a server with the store at its default bound."""
-    server = start_server(
-        client_env.stack,
-        client_env.log_dir,
-        None,
-        cpu_memory_budget_bytes=3 * 2**30,
-        b_min=4,
-        feature_store_bytes=CoreSettings().feature_store_bytes,
-    )
+    server = start_store_server(client_env)
     try:
         yield dataclasses.replace(client_env, server=server)
     finally:
@@ -37,18 +28,7 @@ def store_env(client_env: ClientEnv) -> Iterator[ClientEnv]:
 
 
 def _dataset(env: ClientEnv, client: HapiClient) -> FeatureDataset:
-    return FeatureDataset(
-        client,
-        model=env.models[MODEL].name,
-        container=env.train,
-        batch_size=8,
-        split="freeze",
-        transform=SMALL,
-        seed=3,
-        verify_fraction=1.0,
-        verify_samples=80,
-        cache_features=False,
-    )
+    return store_job(env, client, verify_fraction=1.0, verify_samples=80)
 
 
 def test_verification_checks_features_served_from_the_store(store_env: ClientEnv) -> None:

@@ -80,14 +80,29 @@ def _assert_same_training(a: FinetuneResult, b: FinetuneResult) -> None:
         assert ma.train_accuracy == mb.train_accuracy
 
 
+@dataclass
+class Checkpointed:
+    run: Recorded
+    #: The finished run's checkpoint; tests that change it work on a copy (:func:`_copy`).
+    ckpt: Path
+
+
+@pytest.fixture(scope="module")
+def checkpointed(
+    client_env: ClientEnv, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Checkpointed]:
+    ckpt = tmp_path_factory.mktemp("checkpointed") / "ckpt"
+    with pytest.MonkeyPatch.context() as patch:
+        yield Checkpointed(_run(client_env, patch, checkpoint_dir=ckpt, checkpoint_every=4), ckpt)
+
+
 def test_a_checkpointed_run_equals_an_uninterrupted_one(
     client_env: ClientEnv,
     uninterrupted: Recorded,
-    tmp_path: Path,
+    checkpointed: Checkpointed,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    ckpt = tmp_path / "ckpt"
-    run = _run(client_env, monkeypatch, checkpoint_dir=ckpt, checkpoint_every=4)
+    ckpt, run = checkpointed.ckpt, checkpointed.run
     _assert_same_training(run.result, uninterrupted.result)
     assert run.labels == uninterrupted.labels
     meta = json.loads((ckpt / CHECKPOINT_FILE).read_text())
@@ -171,32 +186,31 @@ def test_a_killed_run_resumes_mid_epoch_and_trains_every_batch_once(
     ] * 2
 
 
-def _copy(source: Path, tmp_path: Path, client_env: ClientEnv, mp: pytest.MonkeyPatch) -> Path:
-    if not (source / CHECKPOINT_FILE).exists():
-        _run(client_env, mp, checkpoint_dir=source)
-    target = tmp_path / f"copy-{len(list(tmp_path.iterdir()))}"
+def _copy(source: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "ckpt"
     shutil.copytree(source, target)
     return target
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("finished") / "ckpt"
-
-
 def test_another_runs_checkpoint_is_refused_naming_the_field(
-    client_env: ClientEnv, finished: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    client_env: ClientEnv,
+    checkpointed: Checkpointed,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    ckpt = _copy(finished, tmp_path, client_env, monkeypatch)
+    ckpt = _copy(checkpointed.ckpt, tmp_path)
     with pytest.raises(TrainingCheckpointError, match=r"seed: checkpoint 3, this run 4") as info:
         _run(client_env, monkeypatch, seed=4, checkpoint_dir=ckpt)
     assert "weights_sha256" not in str(info.value)
 
 
 def test_a_damaged_tensors_file_is_refused(
-    client_env: ClientEnv, finished: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    client_env: ClientEnv,
+    checkpointed: Checkpointed,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    ckpt = _copy(finished, tmp_path, client_env, monkeypatch)
+    ckpt = _copy(checkpointed.ckpt, tmp_path)
     tensors = next(ckpt.glob("*.safetensors"))
     data = bytearray(tensors.read_bytes())
     data[len(data) // 2] ^= 0xFF

@@ -45,16 +45,21 @@ def test_fashion_mnist_reaches_085_through_hapi(
     client_env: ClientEnv, fashion: tuple[str, str]
 ) -> None:
     """A linear probe on frozen Lite0 features over 1000 images reached 0.844 (machine.md);
-    fine-tuning conv_head, bn2 and the classifier through HAPI at the freeze index does better."""
+    fine-tuning conv_head, bn2 and the classifier through HAPI at the freeze index does better.
+
+    96 px inputs: the server's extraction of the first epoch is nearly all of this test's time,
+    and at 128 px it took twice as long for no gain in three epochs (eval accuracy after
+    epochs 1, 2, 3: 0.846, 0.876, 0.866 at 128 px; 0.850, 0.868, 0.872 at 96 px)."""
     with client_env.client() as client:
         result = client.finetune(
             model=client_env.models["efficientnet_lite0"].name,
             container=fashion[0],
             eval_container=fashion[1],
-            train=TrainOptions(batch_size=64, epochs=4, optimizer="adam", lr=1e-3),
-            extract=ExtractOptions(split="freeze", image_size=128),
+            train=TrainOptions(batch_size=64, epochs=3, optimizer="adam", lr=1e-3),
+            extract=ExtractOptions(split="freeze", image_size=96),
             progress=False,
         )
+    print("\neval accuracy by epoch:", [m.eval_accuracy for m in result.history])
     final = result.history[-1]
     assert final.split_index == 18
     assert final.eval_accuracy is not None and final.eval_accuracy >= 0.85, result.history

@@ -266,8 +266,8 @@ def job_split_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "splits_measured": len({r["split_index"] for r in group}),
         }
         noise = 1.0
-        for key in {(r["rule"], r["split_index"]) for r in group}:
-            jobs = [r["job_s"] for r in group if (r["rule"], r["split_index"]) == key]
+        for run in {(r["rule"], r["split_index"]) for r in group}:
+            jobs = [r["job_s"] for r in group if (r["rule"], r["split_index"]) == run]
             noise = max(noise, max(jobs) / min(jobs))
         entry["noise"] = round(noise, 3)
         for rule in ("auto", "freeze", "baseline"):

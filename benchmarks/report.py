@@ -645,6 +645,7 @@ def write_report(results_dir: Path, out_path: Path) -> Path:
         for name in (
             "e2e",
             "oracle",
+            "jobsplit",
             "backbones",
             "split",
             "tenants",
@@ -652,6 +653,7 @@ def write_report(results_dir: Path, out_path: Path) -> Path:
             "proxy",
             "inplace",
             "sweep",
+            "roofline",
             "gars",
             "startup",
         )
@@ -711,6 +713,11 @@ def write_report(results_dir: Path, out_path: Path) -> Path:
         lines += _e2e_section(loaded["e2e"], img)
     if loaded["oracle"]:
         lines += _oracle_section(loaded["oracle"])
+    if loaded["jobsplit"]:
+        # Here: that module builds on this one's markdown_table.
+        from .report_job_split import job_split_section
+
+        lines += job_split_section(loaded["jobsplit"])
     if loaded["backbones"]:
         # Here: that module builds on this one's markdown_table.
         from .report_backbones import backbones_section
@@ -731,6 +738,10 @@ def write_report(results_dir: Path, out_path: Path) -> Path:
         from .report_sweep import sweep_section
 
         lines += sweep_section(loaded["sweep"])
+    if loaded["roofline"]:
+        from .report_roofline import roofline_section
+
+        lines += roofline_section(loaded["roofline"])
     if loaded["gars"]:
         lines += _gars_section(loaded["gars"], img)
     if loaded["startup"]:

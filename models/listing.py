@@ -1,7 +1,7 @@
 """What ``GET /v1/models`` and ``hapi models`` list: each architecture's split points and shapes.
 
 Describing an architecture traces its graph on the meta device (nothing is allocated or
-computed, but tracing every listed network takes about a minute on a 2-core CPU), so each
+computed, but tracing every listed network takes about 25 s on a 2-core CPU), so each
 description is kept in this process and on disk (:mod:`.listing_cache`); a fresh process that
 finds them lists every network in seconds. One architecture that cannot be described (an
 operator's plugin that torch.fx cannot trace, or whose import fails) is reported with its

@@ -1,6 +1,6 @@
 """Where an architecture's listing is kept between processes, and what it is keyed by.
 
-Listing an architecture traces its graph (seconds for the big ones, about a minute for every
+Listing an architecture traces its graph (seconds for the big ones, about 25 s for every
 network HAPI lists); its result depends only on the code that builds and cuts it. So each entry
 is a JSON file under the user's cache directory, named by the SHA-256 of its key: the versions
 of torch, torchvision and timm, a hash of this package's sources, the architecture's name and

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from hapi_bench import ORDER
+from hapi_bench import ORDER, ResultSet, write_report
 from hapi_bench.scenario_job_split import format_job_split, job_split_summary
 from hapi_bench.scenarios import SCENARIOS
 
@@ -54,3 +56,41 @@ def test_each_rule_is_judged_by_the_least_of_its_rounds_and_the_spread_is_report
 
 def test_the_scenario_is_registered_for_make_bench() -> None:
     assert "jobsplit" in ORDER and SCENARIOS["jobsplit"].testbed
+
+
+def test_the_report_gives_each_cell_and_how_many_meet_the_goal(tmp_path: Path) -> None:
+    results = ResultSet.start(
+        "jobsplit",
+        testbed={"cores_note": "client on core(s) 0", "link_method": "tc htb on a veth pair"},
+        quick=True,
+        epochs=3,
+        batch_size=32,
+        repeats=2,
+        datasets={
+            "folder-12k": {
+                "num_samples": 300,
+                "layout": "folder",
+                "stored_bytes_per_sample": 12_300.0,
+            }
+        },
+        link_checks=[{"target_mbit": 50.0, "measured_mbit": 48.2}],
+        load_average_start=[1.5, 1.0, 1.0],
+    )
+    for row in (
+        _row("auto", 17, 10.4, decided=0.6),
+        _row("auto", 17, 13.0, decided=2.5),
+        _row("freeze", 17, 10.0),
+        _row("baseline", 0, 20.0),
+    ):
+        results.add(row)
+    results.write(tmp_path)
+    text = write_report(tmp_path, tmp_path / "results.md").read_text()
+    section = text[text.index("## The split decision on the whole job") :]
+    assert "`hapi bench jobsplit --quick` (client on core(s) 0; link by tc htb" in section
+    assert "50 Mbit/s (measured 48)" in section and "`folder-12k`: 300 samples" in section
+    assert (
+        "| folder-12k | alexnet | 50 | 17 | 10.00 | 17 | 1.04 | 1 | 2 | 1.04 "
+        "| 0.60 (longest 2.50) | 1.25 |" in section
+    )
+    assert "within 1.10x of the best measured job in **1 of 1** cells" in section
+    assert "In 1 cell(s) the runs' own noise is above 1.10" in section

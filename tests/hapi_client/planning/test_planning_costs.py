@@ -57,10 +57,10 @@ def made_up(monkeypatch: pytest.MonkeyPatch) -> Any:
     )
 
 
-def _measure(prepared: Any, transport: _Transport) -> costs.PipelineCosts:
+def _measure(prepared: Any, transport: Any, swift: Any = None) -> costs.PipelineCosts:
     return costs.measure_pipeline_costs(
-        None,  # type: ignore[arg-type]
-        transport,  # type: ignore[arg-type]
+        swift,
+        transport,
         prepared,
         "c",
         output_dtype=OutputDtype("float32"),
@@ -129,16 +129,7 @@ def test_a_folder_plan_probes_the_link_briefly_and_reads_its_images_before_askin
         "measure_client_costs",
         lambda *a, **k: ClientCosts(0.001, [0.01] * FREEZE, 0.001, 0.001, "cpu"),
     )
-    got = costs.measure_pipeline_costs(
-        swift,  # type: ignore[arg-type]
-        transport,  # type: ignore[arg-type]
-        made_up,
-        "c",
-        output_dtype=OutputDtype("float32"),
-        compression=Compression("none"),
-        device=torch.device("cpu"),
-        b_max=16,
-    )
+    got = _measure(made_up, transport, swift)
     assert swift.asked_before == [False]
     # The link is probed on the weights, for at most PROBE_S seconds, not megabytes at any rate.
     assert swift.reads == [("m", "o", {"max_seconds": costs.PROBE_S})]

@@ -36,6 +36,12 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+def load_when_begun(meta: dict[str, Any]) -> str:
+    """ " 1-minute load average X when it began." from a scenario's meta, or "" when unknown."""
+    load = meta.get("load_average_start", [None])[0]
+    return "" if load is None else f" 1-minute load average {load:.1f} when it began."
+
+
 def _find(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
     for row in rows:
         if all(row.get(k) == v for k, v in match.items()):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .report import markdown_table
+from .report import load_when_begun, markdown_table
 from .results import ResultSet
 from .scenario_job_split import job_split_summary
 
@@ -31,7 +31,6 @@ def _setup(results: ResultSet) -> str:
         for c in meta.get("link_checks", [])
         if c.get("target_mbit") is not None
     )
-    load = meta.get("load_average_start", [None])[0]
     return (
         f"`hapi bench jobsplit{' --quick' if meta.get('quick') else ''}` "
         f"({testbed.get('cores_note', 'cores as the testbed set them')}; link by "
@@ -42,8 +41,7 @@ def _setup(results: ResultSet) -> str:
         f"{meta.get('repeats', 1)} time(s) round after round, and each split is judged by the "
         "least of its rounds. *Job*: the decision (0 for a forced split) plus every epoch. "
         "*Noise*: the largest ratio in the cell of one split's longest job over its shortest; "
-        "a ratio below it is not a measured difference."
-        + ("" if load is None else f" 1-minute load average {load:.1f} when it began.")
+        "a ratio below it is not a measured difference." + load_when_begun(meta)
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .report import markdown_table
+from .report import load_when_begun, markdown_table
 from .results import ResultSet
 
 __all__ = ["roofline_section"]
@@ -17,7 +17,6 @@ def _setup(results: ResultSet) -> str:
     meta = results.meta
     testbed = meta.get("testbed", {})
     cores = meta.get("server_cores", [])
-    load = meta.get("load_average_start", [None])[0]
     return (
         f"`hapi bench roofline{' --quick' if meta.get('quick') else ''}`: {meta.get('arch')} to "
         f"split {meta.get('split')}, one `/v1/extract` of one shard at COS batch <= "
@@ -27,8 +26,7 @@ def _setup(results: ResultSet) -> str:
         f"on a fresh stack, the two taking turns over {meta.get('rounds')} round(s), the best "
         "request per path (the server's own clock); the ceilings are the server's cores over one "
         "image's CPU seconds in each stage (the best of the rounds), the roofline the cores over "
-        "decode + head, bounded by the Swift read."
-        + ("" if load is None else f" 1-minute load average {load:.1f} when it began.")
+        "decode + head, bounded by the Swift read." + load_when_begun(meta)
     )
 
 

@@ -8,10 +8,13 @@ streaming, runs its first images through the layers one at a time: the decode, e
 the encoding of every layer's output at the request's dtype and compression are timed, and the
 encoded sizes are what the wire would carry. The measurements are kept per (architecture,
 class count, input shape, device, wire dtype and compression), never per weights or per caller
-(:mod:`hapi_core.timing_cache`): a later request for layers already measured, by any user, is
-answered from them after timing only its own images' decode, which takes milliseconds where
-running the head took seconds. The first request for a model on a device runs one untimed
-warm-up pass before the timed one; a request for more layers than were measured runs them all.
+(:mod:`hapi_core.timing_cache`): once ``SETTLE_MEASUREMENTS`` requests have measured the
+layers, a later request for them, by any user, is answered from the fastest time seen per layer
+after timing only its own images' decode, which takes milliseconds where running the head took
+seconds; until then each request measures them again (no warm-up: the kernels are warm) and
+lowers what is kept, so that one measurement disturbed by a passing load does not decide every
+later plan. The first request for a model on a device runs one untimed warm-up pass before the
+timed one; a request for more layers than were measured runs them all.
 """
 
 from __future__ import annotations
@@ -152,11 +155,12 @@ def time_head(
     load: int,
     names: Sequence[str] | None = None,
 ) -> TimingsResponse:
-    """Answer ``req`` from ``layer_times`` where an earlier request (anyone's) timed these
-    layers on this device at this wire format: only the decode of ``images`` is timed, the
-    model does not run. Else measure the head over ``images`` (a warm-up first when no layer
-    time is known for this model and device) and keep it. Blocking: the HAPI server runs it in
-    its executor, the Swift filter's in-proxy execution in its thread pool."""
+    """Answer ``req`` from ``layer_times`` where earlier requests (anyone's) timed these
+    layers on this device at this wire format often enough to settle (``SETTLE_MEASUREMENTS``):
+    only the decode of ``images`` is timed, the model does not run. Else measure the head over
+    ``images`` (a warm-up first when no layer time is known for this model and device) and keep
+    it, answering the fastest times seen. Blocking: the HAPI server runs it in its executor, the
+    Swift filter's in-proxy execution in its thread pool."""
     key: TimingKey = (req.model.arch, req.model.num_classes, transform.input_shape, str(device))
     dtype, compression = req.output_dtype.value, req.compression.value
     kept = layer_times.head(key, dtype, compression, req.split_index)

@@ -8,6 +8,7 @@ import pytest
 from swiftclient.client import Connection
 
 from hapi_contract import TimingsResponse
+from hapi_core.timing_cache import SETTLE_MEASUREMENTS
 from tests.hapi_server.conftest import shard_bytes
 from tests.swift_middleware.mw_support import MW_DATA, MwData, ProxyProcess, shard_url
 
@@ -42,12 +43,20 @@ def test_the_filter_answers_timings_of_every_layer_up_to_the_split(
     assert len(got.layer_s_per_sample) == len(got.wire_bytes_per_sample) == 6
     assert all(t > 0 for t in got.layer_s_per_sample) and got.decode_s_per_sample > 0
     assert all(b > 0 for b in got.wire_bytes_per_sample)
-    # A second request refines the cached layer times: never slower than the first answer.
-    again = TimingsResponse.model_validate_json(_timings(proxy, body, mw_data.token).content)
-    assert again.cached
-    assert all(
-        b <= a for a, b in zip(got.layer_s_per_sample, again.layer_s_per_sample, strict=True)
-    )
+    # Later requests refine the kept layer times (never slower than an earlier answer) until
+    # SETTLE_MEASUREMENTS measurements, then are answered from them. Other tests may have timed
+    # this head on the same server already: settled after at most that many more requests.
+    answers = [got]
+    while not answers[-1].cached and len(answers) <= SETTLE_MEASUREMENTS:
+        answers.append(
+            TimingsResponse.model_validate_json(_timings(proxy, body, mw_data.token).content)
+        )
+    assert answers[-1].cached
+    for earlier, later in zip(answers, answers[1:], strict=False):
+        assert all(
+            b <= a
+            for a, b in zip(earlier.layer_s_per_sample, later.layer_s_per_sample, strict=True)
+        )
 
 
 def test_timings_are_authorised_and_checked_like_an_extraction(

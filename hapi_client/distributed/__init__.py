@@ -53,6 +53,7 @@ from .schedule import (
     round_totals,
     scale_sizes,
 )
+from .setup import PreparedModels
 from .trainer import DistributedEpochMetrics, DistributedResult, distributed_finetune, run_sequence
 
 __all__ = [
@@ -89,6 +90,7 @@ __all__ = [
     "resumed_totals",
     "round_seed",
     "round_totals",
+    "PreparedModels",
     "run_sequence",
     "save_checkpoint",
     "scale_sizes",

@@ -8,6 +8,8 @@ start identical.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -23,7 +25,7 @@ from hapi_contract import Compression, DatasetManifest, OutputDtype, ProfileSpec
 from ..client import HapiClient
 from ..model_store import StoredModel
 from ..planning import plan_split
-from ..preparation import cos_batch_cap, prepare_model
+from ..preparation import PreparedModel, cos_batch_cap, prepare_model
 from ..swift_session import DEFAULT_AUTH_URL, SwiftCredentials
 from .config import DistributedConfig
 from .errors import DistributedConfigError
@@ -31,6 +33,7 @@ from .replica import trainable_parameters
 
 __all__ = [
     "Collectives",
+    "PreparedModels",
     "Replica",
     "backend_for",
     "credentials_or_env",
@@ -138,16 +141,8 @@ class Replica:
         return sum(p.numel() for p in self.params)
 
 
-def setup_replica(
-    client: HapiClient,
-    config: DistributedConfig,
-    rank: int,
-    device: torch.device,
-    collectives: Collectives,
-) -> Replica:
-    """Prepare the model, agree on the split and start every replica from rank 0's weights."""
-    cfg = config
-    prepared = prepare_model(
+def _prepare(client: HapiClient, cfg: DistributedConfig) -> PreparedModel:
+    return prepare_model(
         client,
         cfg.model,
         cfg.container,
@@ -156,6 +151,43 @@ def setup_replica(
         image_size=cfg.extract.image_size,
         seed=cfg.train.seed,
     )
+
+
+class PreparedModels:
+    """The model a sequence of runs prepared last (:func:`~.trainer.run_sequence`), so that a
+    sweep over rules or balancing reads, checks and builds it once per rank rather than once per
+    run: each run trains its own copy. One is kept (a sweep shares its model), so the memory it
+    holds is one model's.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[object, ...] | None = None
+        self._kept: PreparedModel | None = None
+
+    def get(self, client: HapiClient, cfg: DistributedConfig) -> PreparedModel:
+        """``cfg``'s prepared model: a fresh copy of the kept one when preparing it depends on
+        the same things (model, dataset, classes, freeze index, input size, seed)."""
+        ex = cfg.extract
+        key: tuple[object, ...] = (cfg.model, cfg.container, cfg.num_classes, ex.freeze_index)
+        key += (ex.image_size, cfg.train.seed)
+        if self._kept is None or key != self._key:
+            self._key, self._kept = key, None
+            self._kept = _prepare(client, cfg)
+        return dataclasses.replace(self._kept, net=copy.deepcopy(self._kept.net))
+
+
+def setup_replica(
+    client: HapiClient,
+    config: DistributedConfig,
+    rank: int,
+    device: torch.device,
+    collectives: Collectives,
+    models: PreparedModels | None = None,
+) -> Replica:
+    """Prepare the model (from ``models`` when a sequence shares it), agree on the split and
+    start every replica from rank 0's weights."""
+    cfg = config
+    prepared = _prepare(client, cfg) if models is None else models.get(client, cfg)
     eval_manifest = None
     if rank == 0 and cfg.eval_container:
         eval_manifest = client.manifest(cfg.eval_container)

@@ -84,6 +84,7 @@ from .schedule import (
 )
 from .setup import (
     Collectives,
+    PreparedModels,
     Replica,
     backend_for,
     credentials_or_env,
@@ -107,6 +108,7 @@ def distributed_finetune(
     *,
     credentials: SwiftCredentials | None = None,
     feature_cache: FeatureCache | None = None,
+    models: PreparedModels | None = None,
 ) -> DistributedResult | None:
     """Run one rank of a multi-worker fine-tuning job; call it in every torchrun worker.
 
@@ -115,7 +117,8 @@ def distributed_finetune(
     and None on the other ranks. Credentials default to ``ST_AUTH``/``ST_USER``/``ST_KEY``.
     ``feature_cache`` lets several runs in one process share extracted features (see
     :func:`run_sequence`); by default each run has its own when ``config.extract.cache_features``
-    (on disk in ``config.feature_cache_dir`` if set).
+    (on disk in ``config.feature_cache_dir`` if set). ``models`` lets them share the model's
+    download and build likewise (:class:`~.setup.PreparedModels`).
 
     With ``config.checkpoint_dir`` holding a checkpoint, the run resumes from it, in this world:
     ``n = q`` follows the number of workers, ``f`` stays, and the rule's requirement is checked
@@ -136,7 +139,8 @@ def distributed_finetune(
         if feature_cache is None and caching:
             feature_cache = _feature_cache(cfg)
         cache = feature_cache if caching else None
-        result = _Run(cfg, credentials_or_env(credentials), device, cache, resume).run()
+        creds = credentials_or_env(credentials)
+        result = _Run(cfg, creds, device, cache, resume, models).run()
         if owns_group:
             _leave_together()
         return result
@@ -190,11 +194,12 @@ def run_sequence(
 ) -> list[DistributedResult | None]:
     """Run several configurations back to back in this torchrun worker.
 
-    One process group and one feature cache serve them all, so a sweep (e.g. one run per
-    aggregation rule) pays the start-up and the HAPI extraction once: later runs find the
-    features of the same shards, model, split and transform in the cache (on disk when the
-    first configuration names a ``feature_cache_dir``). All configurations must use the same
-    device and backend.
+    One process group, one feature cache and one prepared model serve them all, so a sweep
+    (e.g. one run per aggregation rule) pays the start-up, the model's download and the HAPI
+    extraction once: later runs find the features of the same shards, model, split and
+    transform in the cache (on disk when the first configuration names a
+    ``feature_cache_dir``), and a copy of the model prepared for the same dataset, classes,
+    freeze index, input size and seed. All configurations must use the same device and backend.
     """
     if not configs:
         return []
@@ -211,9 +216,11 @@ def run_sequence(
             timeout=timedelta(seconds=max(c.channel_timeout_s for c in configs)),
         )
     cache = _feature_cache(first)
+    models = PreparedModels()
     try:
         results = [
-            distributed_finetune(c, credentials=credentials, feature_cache=cache) for c in configs
+            distributed_finetune(c, credentials=credentials, feature_cache=cache, models=models)
+            for c in configs
         ]
         if owns_group:
             _leave_together()
@@ -235,8 +242,10 @@ class _Run:
         device: torch.device,
         cache: FeatureCache | None,
         resume: Checkpoint | None = None,
+        models: PreparedModels | None = None,
     ) -> None:
         self.config = config
+        self.models = models
         self.cache = cache
         self.resume = resume
         self.credentials = credentials
@@ -261,7 +270,9 @@ class _Run:
             throttle_bytes_per_s=cfg.throttle_bytes_per_s,
         ) as client:
             started = time.perf_counter()
-            replica = setup_replica(client, cfg, self.rank, self.device, self.collectives)
+            replica = setup_replica(
+                client, cfg, self.rank, self.device, self.collectives, self.models
+            )
             self.fingerprint = run_fingerprint(cfg, replica)
             attempt = self._restore(replica)
             if cfg.sample_log_dir:

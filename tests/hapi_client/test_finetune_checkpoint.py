@@ -172,7 +172,7 @@ def test_a_killed_run_resumes_mid_epoch_and_trains_every_batch_once(
     before = [json.loads(line) for line in labels_path.read_text().splitlines()]
     assert len(before) == stop_at - 1
 
-    resumed = _run(client_env, monkeypatch, checkpoint_dir=ckpt, checkpoint_every=1)
+    resumed = _run(client_env, monkeypatch, checkpoint_dir=ckpt)
     assert resumed.result.extra["resumed_from"] == {
         "epoch": 1,
         "batches_done": 2,

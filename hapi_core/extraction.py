@@ -600,6 +600,11 @@ def finish(rt: CoreRuntime, prep: PreparedExtraction, status: str) -> None:
         return
     prep.finished = True
     prep.settle_shared(rt, succeeded=False)  # no-op once the job settled it
+    # The images go with the reservation: the planning round that the release starts measures
+    # the process's memory on a CPU, where images still held count as occupied outside the
+    # plan (issue 27: the request queued behind a 988 MB folder part was refused 507). Cleared
+    # in place: the job shares the list, and a decode thread may still hold the job.
+    prep.images.clear()
     prep.scheduler.release(prep.reservation)
     rt.weights.release(prep.model)
     elapsed = time.perf_counter() - prep.started

@@ -166,6 +166,17 @@ def test_check_folder_object_names_changed_objects() -> None:
         check_folder_object(lying, PNG, "data/train/cat/a.jpg")
 
 
+def test_check_folder_object_hands_the_read_buffer_on_without_a_copy() -> None:
+    # The in-proxy reads are bytearrays: a copy held a folder part's images twice (issue 27).
+    read = bytearray(PNG)
+    entry = PartEntry(name="train/cat/a.png", etag=md5_hex(PNG), bytes=len(PNG), label=1)
+    sample = check_folder_object(entry, read, "data/train/cat/a.png")
+    assert sample.image_bytes is read and sample.ext == "png"
+    # A view, whose buffer the caller may reuse, is still copied.
+    viewed = check_folder_object(entry, memoryview(PNG), "data/train/cat/a.png")
+    assert type(viewed.image_bytes) is bytes and viewed.image_bytes == PNG
+
+
 # --- manifests of the in-place layouts --------------------------------------------------------
 
 

@@ -256,7 +256,7 @@ class Answer:
     detail: str = ""
 
     def __str__(self) -> str:
-        what = f"{self.samples} samples" if self.status == 200 else self.detail[:160]
+        what = f"{self.samples} samples" if self.status == 200 else self.detail[:500]
         return f"{self.status} after {self.seconds:.1f} s ({what})"
 
 

@@ -15,12 +15,12 @@ import secrets
 import torch
 import torch.distributed as dist
 
-from .addresses import choose_channel_address
+from .addresses import ChannelAddress, choose_channel_address
 from .channel import AggregatorChannel, Keepalive, WorkerChannel
 from .config import DistributedConfig
 from .messages import TOKEN_BYTES
 
-__all__ = ["open_channels"]
+__all__ = ["channel_address", "open_channels"]
 
 log = logging.getLogger(__name__)
 
@@ -28,14 +28,22 @@ log = logging.getLogger(__name__)
 _ADDRESS_BYTES = 256
 
 
+def channel_address(config: DistributedConfig) -> ChannelAddress:
+    """Where rank 0's channel binds and what it advertises (:class:`~.errors.ChannelError` for
+    settings no worker on another node could use). Rank 0 asks before it prepares the model, so
+    that a bad setting fails at once rather than after every rank's set-up."""
+    return choose_channel_address(config.channel_bind, config.channel_advertise, os.environ)
+
+
 def open_channels(
-    config: DistributedConfig, rank: int, world: int
+    config: DistributedConfig, rank: int, world: int, where: ChannelAddress | None = None
 ) -> tuple[AggregatorChannel | None, WorkerChannel | None]:
-    """``(aggregator, None)`` on rank 0, ``(None, worker channel)`` on the others."""
+    """``(aggregator, None)`` on rank 0 (listening at ``where``, else at
+    :func:`channel_address`'s), ``(None, worker channel)`` on the others."""
     buf = torch.zeros(_ADDRESS_BYTES + TOKEN_BYTES, dtype=torch.uint8)
     aggregator: AggregatorChannel | None = None
     if rank == 0:
-        where = choose_channel_address(config.channel_bind, config.channel_advertise, os.environ)
+        where = where or channel_address(config)
         token = secrets.token_bytes(TOKEN_BYTES)
         aggregator = AggregatorChannel(
             world,

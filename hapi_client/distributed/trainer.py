@@ -71,7 +71,7 @@ from .config import DistributedConfig
 from .data import ShardStore
 from .epoch_end import Evaluator, finish_epoch
 from .errors import DistributedConfigError, TrainingCheckpointError
-from .rendezvous import open_channels
+from .rendezvous import channel_address, open_channels
 from .results import DistributedEpochMetrics, DistributedResult, EpochStats
 from .rounds import Rounds
 from .sample_log import SampleLog
@@ -262,6 +262,7 @@ class _Run:
         cfg = self.config
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
+        where = channel_address(cfg) if self.rank == 0 else None
         with HapiClient(
             cfg.endpoint,
             self.credentials,
@@ -284,7 +285,7 @@ class _Run:
                     world=self.world,
                     resumed_round=resumed,
                 )
-            aggregator, channel = open_channels(cfg, self.rank, self.world)
+            aggregator, channel = open_channels(cfg, self.rank, self.world, where)
             try:
                 log.info(
                     "rank %d ready in %.1f s (split %d, freeze %d, %d trainable parameters)",

@@ -11,6 +11,7 @@ cause, never hiding the others.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -91,14 +92,30 @@ def describe_model(name: str) -> ModelListing:
 
 def describe_models() -> Listing:
     """Every listed architecture (:func:`~hapi_models.list_models`), and the plugins that failed."""
-    models: list[ModelListing] = []
+    names = list_models()
+    described: dict[str, ModelListing] = {}
     failed = dict(broken_plugins())
-    for name in list_models():
+    for name in _from_anywhere(names):
         try:
-            models.append(describe_model(name))
+            described[name] = describe_model(name)
         except HapiModelError as exc:
             failed[name] = str(exc)
-    return Listing(tuple(models), dict(sorted(failed.items())))
+    models = tuple(described[name] for name in names if name in described)
+    return Listing(models, dict(sorted(failed.items())))
+
+
+def _from_anywhere(names: list[str]) -> list[str]:
+    """``names`` from a random one on, round to the one before it.
+
+    Processes that list at once against one cache directory (several servers starting on a
+    host, the test suite's servers and CLI) then trace mostly different networks and read each
+    other's entries as they come round to them, instead of each tracing all of them in the
+    same order. One process alone traces each once either way; the listing keeps its order.
+    """
+    if not names:
+        return names
+    start = random.randrange(len(names))  # noqa: S311 - an order, not a secret
+    return names[start:] + names[:start]
 
 
 def _cached(name: str, family: str, transform: InputTransform) -> ModelListing:

@@ -152,3 +152,28 @@ def test_the_cache_directory_follows_the_environment(
     monkeypatch.setitem(sys.modules, "platformdirs", None)  # not installed
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert listing_cache.cache_dir() == tmp_path / "xdg" / "hapi"
+
+
+def test_a_listing_traced_from_anywhere_keeps_its_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Concurrent listings start at random networks (to trace different ones first); the
+    listing is in ``list_models`` order whatever the start, and each network described once."""
+    names = ["a", "b", "c", "d"]
+    asked: list[str] = []
+
+    def describe(name: str) -> listing.ModelListing:
+        asked.append(name)
+        if name == "c":
+            raise hm.UntraceableModelError("c: torch.fx cannot trace it")
+        shapes = ((3, 8, 8), (4,))
+        return listing.ModelListing(
+            name, "test", hm.get_spec("alexnet").transform, ("x",), 0, shapes
+        )
+
+    monkeypatch.setattr(listing, "list_models", lambda: names)
+    monkeypatch.setattr(listing, "broken_plugins", dict)
+    monkeypatch.setattr(listing, "describe_model", describe)
+    monkeypatch.setattr(listing.random, "randrange", lambda n: 2)
+    listed = listing.describe_models()
+    assert asked == ["c", "d", "a", "b"]
+    assert [m.name for m in listed.models] == ["a", "b", "d"]
+    assert listed.failed == {"c": "c: torch.fx cannot trace it"}

@@ -341,7 +341,9 @@ class DeviceScheduler:
             start = time.perf_counter()
             plan = self._solve(pending)
             decision = time.perf_counter() - start
+            evicted = False
             if plan.deferred and self.evict_idle is not None and self.evict_idle(self.device) > 0:
+                evicted = True
                 start = time.perf_counter()
                 plan = self._solve(pending)
                 decision = time.perf_counter() - start
@@ -366,7 +368,11 @@ class DeviceScheduler:
                     plan.free_bytes,
                     ", ".join(plan.deferred),
                 )
-            if not self._running:
+            if not self._running and not evicted:
+                # Not in a round that evicted: the weights leave the process only once the
+                # request that last ran them has dropped them, after its release, so they
+                # still counted as memory outside the plan (issue 27: a ViT-L/16 refused 507
+                # once the ConvNeXt-L before it ended). The next look (below) measures again.
                 self._refuse_unplaceable(pending)
         if not self._running and any(t.reservation is None for t in self._waiting.values()):
             # Nothing running means no release will come: only memory outside the plan can be

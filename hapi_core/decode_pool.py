@@ -75,15 +75,19 @@ class DecodeTask(Generic[T]):
 
     def __init__(self, job: Hashable, fn: Callable[[], T], event: Any) -> None:
         self.job = job
-        self.fn = fn
+        self.fn: Callable[[], T] | None = fn
         self._done = event
         self._value: T | None = None
         self._error: BaseException | None = None
         self.cancelled = False
 
     def _run(self) -> None:
+        # The call goes once it ran: its closure holds its job (the request's images and
+        # model), which the request's release must free, not this task (see _work).
+        fn, self.fn = self.fn, None
+        assert fn is not None  # a task runs once
         try:
-            self._value = self.fn()
+            self._value = fn()
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting job
             self._error = exc
 
@@ -174,3 +178,7 @@ class DecodePool:
                 if not self._queued[task.job]:
                     del self._queued[task.job]
             task._done.set()
+            # Not kept until the next task arrives: its value (a batch of the pil and GPU
+            # paths) and its job were a finished request's memory, resident outside the plan;
+            # a model evicted for the next request stayed resident, which was refused 507.
+            del task

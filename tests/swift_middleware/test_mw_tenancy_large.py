@@ -322,9 +322,11 @@ class Watch:
         self.rss.stop()
         gets = self.bystander.stop()
         rss, bound = self.rss, self.budget * 1.10
+        after = rss._rss()  # noqa: SLF001 - the sampler's own reading, once more
         print(
             f"\n{case}: {'; '.join(map(str, answers))}\n  peak RSS {rss.peak >> 20} MiB "
-            f"(before {rss.before >> 20} MiB, +{(rss.peak - rss.before) >> 20}), budget "
+            f"(before {rss.before >> 20} MiB, +{(rss.peak - rss.before) >> 20}, after "
+            f"{after >> 20} MiB), budget "
             f"{self.budget >> 20} MiB, bound {int(bound) >> 20} MiB; {gets}"
         )
         assert {a.status for a in answers} <= CLEAN, [str(a) for a in answers]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from hapi_core import host_memory
 from hapi_core.host_memory import (
     HostMemoryProbe,
     ResidentSampler,
@@ -53,6 +54,31 @@ def test_the_sampler_keeps_a_process_peak_and_a_window_peak() -> None:
         assert sampler.window_peak_bytes == 200 * MiB and sampler.peak_bytes == 300 * MiB
     finally:
         sampler.stop()
+
+
+def test_the_sampler_slows_down_while_the_memory_stands_still(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(host_memory.time, "monotonic", lambda: clock[0])
+    memory = Memory(100 * MiB)
+    sampler = ResidentSampler(memory, interval_s=0.01)  # never started: no thread reads
+    assert sampler._interval() == 0.01
+    clock[0] += host_memory.STILL_S
+    assert sampler._interval() == host_memory.IDLE_INTERVAL_S
+    # The thread's reading of a change brings the full rate back...
+    memory.rss += host_memory.STILL_BYTES
+    sampler._fold(memory())
+    assert sampler._interval() == 0.01
+    clock[0] += host_memory.STILL_S
+    memory.rss += host_memory.STILL_BYTES // 2  # ...not a reading of a page or two
+    sampler._fold(memory())
+    assert sampler._interval() == host_memory.IDLE_INTERVAL_S
+    # A caller's reading (a batch measured, a window opened) wakes the slowed thread at once.
+    assert not sampler._wake.is_set()
+    sampler.reset_window()
+    sampler.stop()
+    assert sampler._interval() == 0.01 and sampler.peak_bytes == memory.rss
 
 
 @linux_only

@@ -4,17 +4,14 @@ failed batch's tensors are freed with the job even while its error is kept."""
 
 from __future__ import annotations
 
-import io
 import threading
 import weakref
 from types import SimpleNamespace
 from typing import Any, cast
 
 import hapi_models
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from hapi_contract import Compression, OutputDtype
 from hapi_contract.frames import FrameEncoder
@@ -27,20 +24,14 @@ from hapi_core.engine import (
     run_batch,
     run_extraction,
 )
+from tests.hapi_core.images import random_jpeg
 
 SMALL = hapi_models.InputTransform(resize=32, crop=32)
 
 
-def _jpeg(seed: int) -> bytes:
-    arr = np.random.default_rng(seed).integers(0, 255, (40, 48, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, format="JPEG", quality=85)
-    return buf.getvalue()
-
-
 def test_a_truncated_image_in_a_later_batch_is_named_by_its_own_entry() -> None:
-    cut = _jpeg(3)
-    images = [_jpeg(0), _jpeg(1), _jpeg(2), cut[: len(cut) // 2]]
+    cut = random_jpeg(3)
+    images = [random_jpeg(0), random_jpeg(1), random_jpeg(2), cut[: len(cut) // 2]]
     names = [f"data/img/{i:04d}.jpg" for i in range(len(images))]
     stats = JobStats()
 
@@ -87,7 +78,7 @@ def _two_image_job(model: Any) -> ExtractionJob:
     return ExtractionJob(
         model=model,
         split=1,
-        images=[_jpeg(0), _jpeg(1)],
+        images=[random_jpeg(0), random_jpeg(1)],
         labels=[0, 0],
         transform=SMALL,
         batch_size=2,

@@ -3,30 +3,21 @@ requests share the pool in submission order, and a cancelled job leaves no task 
 
 from __future__ import annotations
 
-import io
 import threading
 from dataclasses import dataclass
 
 import hapi_models
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from hapi_contract import Compression, OutputDtype
 from hapi_contract.frames import FrameEncoder
 from hapi_core.decode_pool import DecodePool, split_threads
 from hapi_core.devices import Device
 from hapi_core.engine import ExtractionJob, JobCancelled, JobStats, iter_frames, run_extraction
+from tests.hapi_core.images import random_jpeg
 
 WAIT_S = 30.0  # a bound on every wait below; reached only when the code under test is wrong
-
-
-def _jpeg(seed: int) -> bytes:
-    arr = np.random.default_rng(seed).integers(0, 255, (40, 48, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, format="JPEG", quality=85)
-    return buf.getvalue()
 
 
 @dataclass(frozen=True)
@@ -47,7 +38,7 @@ class _Gated(hapi_models.InputTransform):
 def _images(n: int) -> list[bytes]:
     # The index rides in the byte before the JPEG's end marker, where the gate reads it;
     # decode_uint8 takes it out again before decoding.
-    return [(j := _jpeg(i))[:-2] + bytes([i]) + j[-2:] for i in range(n)]
+    return [(j := random_jpeg(i))[:-2] + bytes([i]) + j[-2:] for i in range(n)]
 
 
 def _job(
@@ -132,9 +123,14 @@ def test_the_pool_runs_tasks_in_submission_order_across_jobs() -> None:
 
 
 def test_a_decode_error_reaches_the_job_named() -> None:
-    cut = _jpeg(9)
+    cut = random_jpeg(9)
     # Mid-batch: the batch's later images are still in the pool when the job hears of it.
-    images = [_jpeg(0), _jpeg(1), cut[: len(cut) // 2], *[_jpeg(i) for i in range(3, 12)]]
+    images = [
+        random_jpeg(0),
+        random_jpeg(1),
+        cut[: len(cut) // 2],
+        *[random_jpeg(i) for i in range(3, 12)],
+    ]
     job = _job(
         hapi_models.InputTransform(resize=32, crop=32), DecodePool(1), 12, torch.nn.Identity()
     )

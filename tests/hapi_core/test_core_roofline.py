@@ -3,15 +3,12 @@ exported while it runs and replaced by the last one's when it stops."""
 
 from __future__ import annotations
 
-import io
 import math
 import threading
 
 import hapi_models
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from hapi_contract import Compression, OutputDtype
 from hapi_contract.frames import FrameEncoder
@@ -20,6 +17,7 @@ from hapi_core.devices import Device
 from hapi_core.engine import ExtractionJob, JobCancelled, run_extraction
 from hapi_core.metrics import Metrics
 from hapi_core.roofline import RooflineMeter, roofline_images_per_s
+from tests.hapi_core.images import random_jpeg
 
 SMALL = hapi_models.InputTransform(resize=32, crop=32, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
 
@@ -36,13 +34,6 @@ def test_with_the_head_on_a_gpu_the_slower_stage_bounds() -> None:
     assert math.isinf(roofline_images_per_s(4, 0.0, 0.0, head_on_cores=False))
 
 
-def _jpeg(seed: int) -> bytes:
-    arr = np.random.default_rng(seed).integers(0, 255, (40, 48, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, format="JPEG", quality=85)
-    return buf.getvalue()
-
-
 def _job(meter: RooflineMeter, pool: DecodePool, n: int = 6) -> ExtractionJob:
     model = hapi_models.get_spec("alexnet").builder(3, False)
     head = torch.nn.Conv2d(3, 4, 3)
@@ -50,7 +41,7 @@ def _job(meter: RooflineMeter, pool: DecodePool, n: int = 6) -> ExtractionJob:
     return ExtractionJob(
         model=model,
         split=1,
-        images=[_jpeg(i) for i in range(n)],
+        images=[random_jpeg(i) for i in range(n)],
         labels=[0] * n,
         transform=SMALL,
         batch_size=2,

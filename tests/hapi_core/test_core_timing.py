@@ -3,18 +3,16 @@ then answered from them without running the model."""
 
 from __future__ import annotations
 
-import io
 from typing import cast
 
 import hapi_models
-import numpy as np
 import torch
-from PIL import Image
 from torch import nn
 
 from hapi_contract import Compression, ModelRef, OutputDtype, TimingsRequest, TransformSpec
 from hapi_core.timing import time_head
 from hapi_core.timing_cache import SETTLE_MEASUREMENTS, LayerTimes
+from tests.hapi_core.images import random_jpeg
 
 TRANSFORM = hapi_models.InputTransform(resize=32, crop=32)
 
@@ -29,13 +27,6 @@ class _Counted(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.samples += len(x)
         return x * 0.5
-
-
-def _jpeg(seed: int) -> bytes:
-    arr = np.random.default_rng(seed).integers(0, 255, (40, 48, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, format="JPEG", quality=85)
-    return buf.getvalue()
 
 
 def _request() -> TimingsRequest:
@@ -56,7 +47,7 @@ def test_the_head_is_measured_until_it_settles_then_answered_without_running_it(
     layers = [_Counted(), _Counted()]
     model = cast(hapi_models.SplittableModel, type("Model", (), {"layers": layers})())
     cache = LayerTimes.empty()
-    images = [_jpeg(0), _jpeg(1)]
+    images = [random_jpeg(0), random_jpeg(1)]
 
     def ask() -> tuple[bool, list[float]]:
         got = time_head(

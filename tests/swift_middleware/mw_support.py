@@ -24,6 +24,16 @@ IMAGE_SIDE = 64  # alexnet needs at least 63 pixels
 HAPI = {"X-Hapi-Request": "extract"}
 
 
+def imagenet_transform(side: int) -> dict[str, Any]:
+    """A request body's transform: ``side`` pixels, ImageNet's normalisation."""
+    return {
+        "resize": side,
+        "crop": side,
+        "mean": [0.485, 0.456, 0.406],
+        "std": [0.229, 0.224, 0.225],
+    }
+
+
 @dataclass
 class ProxyProcess(ServerProcess):
     """A Swift proxy with the filter; ``url`` is its base URL (stopped like a HAPI server)."""
@@ -76,12 +86,7 @@ class MwData:
                 "weights": {"container": MW_MODELS, "object": obj, "sha256": sha},
             },
             "split_index": split,
-            "transform": {
-                "resize": side,
-                "crop": side,
-                "mean": [0.485, 0.456, 0.406],
-                "std": [0.229, 0.224, 0.225],
-            },
+            "transform": imagenet_transform(side),
             "b_max": 4,
         }
         body.update(extra)

@@ -48,7 +48,13 @@ from hapi_contract.errors import FrameError, RemoteStreamError
 from hapi_contract.frames import BatchFrame, FrameDecoder
 from hapi_stack import RunningStack
 from tests.hapi_server.conftest import make_images, shard_bytes
-from tests.swift_middleware.mw_support import HAPI, MwData, ProxyProcess, shard_url
+from tests.swift_middleware.mw_support import (
+    HAPI,
+    MwData,
+    ProxyProcess,
+    imagenet_transform,
+    shard_url,
+)
 from tests.swift_middleware.test_mw_in_proxy_waits import Markers, RssPeak
 from tests.swift_middleware.test_mw_tenancy_budget import Bystander
 
@@ -111,12 +117,7 @@ class LargeData:
         return {
             "model": self.weights[arch].ref(arch),
             "split_index": split,
-            "transform": {
-                "resize": side,
-                "crop": side,
-                "mean": [0.485, 0.456, 0.406],
-                "std": [0.229, 0.224, 0.225],
-            },
+            "transform": imagenet_transform(side),
             "b_max": b_max,
         }
 

@@ -120,6 +120,9 @@ class DeviceScheduler:
     process_memory: Callable[[], int] | None = None
     """This process's resident bytes, for a CPU device (None: not counted). What it holds
     beyond the reserve, the planned requests and the resident weights is occupied too."""
+    _outside_idle: int = 0
+    """Memory outside the plan (CPU) as last measured with no request admitted: the floor of
+    :meth:`unplanned_bytes` while requests run."""
 
     @property
     def load(self) -> int:
@@ -136,11 +139,29 @@ class DeviceScheduler:
 
     def unplanned_bytes(self, planned: int | None = None) -> int:
         """Memory in use that no plan accounts for: other processes' on a GPU (NVML); on a CPU,
-        this process's resident memory beyond the reserve, the planned requests and the
-        resident weights (``planned``), so nothing is counted twice: what earlier requests
-        left behind in the allocator, reads and copies not yet planned, the host itself."""
+        this process's memory outside the plan (:meth:`_measured_outside`: what earlier
+        requests left behind in the allocator, the host itself), and while requests run at
+        least as much as was measured when none did.
+
+        While requests run, the process's resident memory less their plans under-reads: a
+        request holds less than its plan before its first batch and between batches, and that
+        slack hides as much memory outside the plan. Issue 27: the ResNet18 576 px request
+        admitted right after another was planned beside 453 MiB outside the plan where 624
+        MiB had been measured a moment before with nothing running, so both requests' 171 MiB
+        were admitted over the budget. With nothing admitted the measurement is exact, and it
+        is kept as the floor until the next such moment."""
         if self.device.is_cuda:
             return external_used_bytes(self.device)
+        measured = self._measured_outside(planned)
+        if not self._running:
+            self._outside_idle = measured
+            return measured
+        return max(measured, self._outside_idle)
+
+    def _measured_outside(self, planned: int | None = None) -> int:
+        """On a CPU, this process's resident memory beyond the reserve, the planned requests and
+        the resident weights (``planned``), so nothing is counted twice; at most the memory
+        outside the plan now (a running request may hold less than its plan)."""
         if self.process_memory is None:
             return 0
         if planned is None:
@@ -238,9 +259,12 @@ class DeviceScheduler:
 
     def _check_placeable(self, demand: Demand, pinned_bytes: int) -> None:
         """507 unless ``demand`` fits the capacity less its own weights and the memory outside
-        the plan (measured now: what nothing here will free)."""
+        the plan (measured now: what nothing here will free). On a CPU the measurement alone,
+        without the floor that planning keeps: a refusal only for what surely is outside."""
         weights = pinned_bytes + demand.model_bytes
-        outside = self.unplanned_bytes()
+        outside = (
+            external_used_bytes(self.device) if self.device.is_cuda else self._measured_outside()
+        )
         try:
             check_feasible_alone(
                 dataclasses.replace(demand, model_bytes=0),

@@ -321,6 +321,30 @@ async def test_resident_memory_beyond_the_plan_counts_on_a_cpu() -> None:
     assert "outside the plan" in info.value.detail
 
 
+async def test_a_running_request_s_unused_plan_hides_no_memory_outside_the_plan() -> None:
+    s = scheduler(total=100 * KB, framework_reserve_bytes=10 * KB)
+    process = FakeProcess(40 * KB)
+    s.process_memory = process
+    first = await s.acquire(demand("first", b_min=30, b_max=30))
+    # Admitted, "first" holds nothing of its 30 kB yet (its read or its first batch is to
+    # come): the process's 40 kB are still the reserve and 30 kB outside the plan.
+    assert s.unplanned_bytes() == 30 * KB and s.free_bytes() == 30 * KB
+    second = await s.acquire(demand("second", b_min=10, b_max=100))
+    # Before: 60 kB (40 kB less the reserve and first's plan: 0 kB outside), and once both
+    # held their plans the process had 130 kB of the 100.
+    assert second.batch_size == 30
+    process.rss += 60 * KB  # both hold their plans: the budget is met
+    assert s.unplanned_bytes() == 30 * KB and s.free_bytes() == 0
+    # Memory outside the plan that grows while requests run still counts at once.
+    process.rss += 5 * KB
+    assert s.unplanned_bytes() == 35 * KB
+    # Once nothing runs, the measurement is exact again.
+    s.release(first)
+    s.release(second)
+    process.rss = 20 * KB
+    assert s.unplanned_bytes() == 10 * KB and s.free_bytes() == 80 * KB
+
+
 async def test_a_waiter_that_can_never_fit_is_507_not_504() -> None:
     s = scheduler(total=100 * KB)
     process = FakeProcess(0)

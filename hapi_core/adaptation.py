@@ -150,18 +150,21 @@ class DeviceScheduler:
         MiB had been measured a moment before with nothing running, so both requests' 171 MiB
         were admitted over the budget. With nothing admitted the measurement is exact, and it
         is kept as the floor until the next such moment."""
-        if self.device.is_cuda:
-            return external_used_bytes(self.device)
         measured = self._measured_outside(planned)
+        if self.device.is_cuda:
+            return measured
         if not self._running:
             self._outside_idle = measured
             return measured
         return max(measured, self._outside_idle)
 
     def _measured_outside(self, planned: int | None = None) -> int:
-        """On a CPU, this process's resident memory beyond the reserve, the planned requests and
-        the resident weights (``planned``), so nothing is counted twice; at most the memory
-        outside the plan now (a running request may hold less than its plan)."""
+        """Memory outside the plan as measured now: other processes' on a GPU; on a CPU, this
+        process's resident memory beyond the reserve, the planned requests and the resident
+        weights (``planned``), so nothing is counted twice, which is at most the memory outside
+        the plan (a running request may hold less than its plan)."""
+        if self.device.is_cuda:
+            return external_used_bytes(self.device)
         if self.process_memory is None:
             return 0
         if planned is None:
@@ -262,9 +265,7 @@ class DeviceScheduler:
         the plan (measured now: what nothing here will free). On a CPU the measurement alone,
         without the floor that planning keeps: a refusal only for what surely is outside."""
         weights = pinned_bytes + demand.model_bytes
-        outside = (
-            external_used_bytes(self.device) if self.device.is_cuda else self._measured_outside()
-        )
+        outside = self._measured_outside()
         try:
             check_feasible_alone(
                 dataclasses.replace(demand, model_bytes=0),

@@ -42,6 +42,7 @@ from typing import Final, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from hapi_contract._tar_buffer import ImageData, member_bytes, open_tar
 from hapi_contract.errors import ContractError
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "DEFAULT_MAX_SHARD_SAMPLES",
     "DEFAULT_SHARD_SIZE",
     "IMAGE_EXTENSIONS",
+    "ImageData",
     "MANIFEST_CONTENT_TYPE",
     "MANIFEST_FORMAT_VERSION",
     "MANIFEST_NAME",
@@ -158,7 +160,7 @@ class ShardSample(NamedTuple):
     """
 
     key: str
-    image_bytes: bytes
+    image_bytes: ImageData
     ext: str
     label: int
 
@@ -199,12 +201,12 @@ def _check_key(key: str, where: str) -> None:
         )
 
 
-def _check_image(image: bytes, ext: str, where: str) -> None:
+def _check_image(image: ImageData, ext: str, where: str) -> None:
     if ext not in IMAGE_EXTENSIONS:
         raise ShardFormatError(
             f"{where}: unknown image extension {ext!r} (allowed: {', '.join(IMAGE_EXTENSIONS)})"
         )
-    if not image.startswith(_MAGIC[ext]):
+    if not bytes(image[:8]).startswith(_MAGIC[ext]):
         found = image_extension_of(image)
         detail = f"looks like {found}" if found else "is neither JPEG nor PNG"
         raise ShardFormatError(f"{where}: image bytes do not match extension {ext!r} ({detail})")
@@ -280,7 +282,7 @@ def read_shard(
     samples: list[ShardSample] = []
     seen: set[str] = set()
     current_key: str | None = None
-    parts: dict[str, bytes] = {}
+    parts: dict[str, ImageData] = {}
 
     def finish() -> None:
         if current_key is None:
@@ -304,9 +306,8 @@ def read_shard(
         ext = images[0]
         samples.append(ShardSample(current_key, parts[ext], ext, label))
 
-    raw = bytes(data)
     try:
-        tar = tarfile.open(fileobj=io.BytesIO(raw), mode="r:")
+        tar, raw = open_tar(data)
     except (tarfile.TarError, EOFError) as exc:
         raise ShardFormatError(f"not a tar archive: {exc}") from exc
     try:
@@ -344,17 +345,17 @@ def read_shard(
                     raise ShardFormatError(
                         f"member {name!r}: {member.size} bytes exceeds the limit of {limit} bytes"
                     )
-                handle = tar.extractfile(member)
-                payload = handle.read() if handle is not None else b""
+                payload = member_bytes(raw, member)
                 if len(payload) != member.size:
                     raise ShardFormatError(f"member {name!r}: truncated archive")
                 if ext != _LABEL_EXTENSION:
                     _check_image(payload, ext, f"member {name!r}")
-                parts[ext] = payload
+                # A label is a few bytes, parsed at once; an image stays a view of the shard.
+                parts[ext] = bytes(payload) if ext == _LABEL_EXTENSION else payload
             # tarfile stops quietly at a truncated or garbled header after the first member, so
             # require the end-of-archive marker (two zero blocks) right after the last member.
             end = tar.offset
-            marker = raw[end : end + _END_MARKER_BYTES]
+            marker = bytes(raw[end : end + _END_MARKER_BYTES])
             if len(marker) < _END_MARKER_BYTES or marker.count(0) != _END_MARKER_BYTES:
                 raise ShardFormatError(
                     f"truncated or corrupt archive: no end-of-archive marker at byte {end}"

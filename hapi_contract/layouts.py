@@ -50,7 +50,6 @@ pinned (the indexer names them).
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import tarfile
@@ -61,6 +60,7 @@ from typing import Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from hapi_contract._tar_buffer import ImageData, member_bytes, open_tar
 from hapi_contract.dataset import (
     DEFAULT_MAX_IMAGE_BYTES,
     DEFAULT_MAX_SHARD_SAMPLES,
@@ -283,21 +283,23 @@ def check_folder_object(
         raise ShardFormatError(f"{where}: not the image its name promises ({detail})")
     # Handed on as read, never copied: a copy held a folder part's images twice while the
     # reads' buffers were alive (the in-proxy reads are bytearrays: two requests of a 988 MB
-    # part raised the proxy's resident memory by 1882 MiB, issue 27).
+    # part raised the proxy's resident memory by 1882 MiB, issue 27). Only a view is copied:
+    # its buffer is the caller's, who may reuse it.
     image = data if isinstance(data, bytes | bytearray) else bytes(data)
-    return ShardSample(entry.name, image, kind, entry.label)  # type: ignore[arg-type]  # bytes-like, read-only use
+    return ShardSample(entry.name, image, kind, entry.label)
 
 
-def _decompressed(data: bytes, limit: int) -> bytes:
-    """``data`` itself, or its gzip decompression (all members), refusing more than ``limit``."""
-    if not data.startswith(_GZIP_MAGIC):
+def _decompressed(data: ImageData, limit: int) -> ImageData:
+    """``data`` itself, or its gzip decompression (all members, handed on without a copy),
+    refusing more than ``limit``."""
+    if not bytes(data[: len(_GZIP_MAGIC)]).startswith(_GZIP_MAGIC):
         if len(data) > limit:
             raise ShardFormatError(f"tar of {len(data)} bytes exceeds the limit of {limit} bytes")
         return data
     out = bytearray()
-    rest = data
+    rest: ImageData = data
     try:
-        while rest.startswith(_GZIP_MAGIC):
+        while bytes(rest[: len(_GZIP_MAGIC)]).startswith(_GZIP_MAGIC):
             stream = zlib.decompressobj(wbits=zlib.MAX_WBITS | 16)
             pending = rest
             while pending and not stream.eof:
@@ -313,9 +315,9 @@ def _decompressed(data: bytes, limit: int) -> bytes:
             rest = stream.unused_data
     except zlib.error as exc:
         raise ShardFormatError(f"corrupt gzip stream: {exc}") from exc
-    if rest.strip(b"\0"):
+    if bytes(rest).strip(b"\0"):
         raise ShardFormatError("data after the end of the gzip stream")
-    return bytes(out)
+    return out
 
 
 def _integer_label(payload: bytes, key: str, member: str) -> int:
@@ -377,16 +379,16 @@ def read_webdataset_shard(
     limit = DEFAULT_MAX_TAR_BYTES if max_tar_bytes is None else max_tar_bytes
     label_exts: tuple[str, ...] = (_JSON_EXTENSION,) if label_field else _LABEL_EXTENSIONS
     try:
-        raw = _decompressed(bytes(data), limit)
+        raw = _decompressed(data, limit)
     except ShardFormatError as exc:
         raise ShardFormatError(f"{where}: {exc}") from exc
-    groups: dict[str, dict[str, bytes]] = {}
+    groups: dict[str, dict[str, ImageData]] = {}
     members = 0
     # What was skipped, for the error of a shard with no samples (keys with dots, say).
     unwanted_names: list[str] = []
     unwanted_exts: dict[str, None] = {}
     try:
-        tar = tarfile.open(fileobj=io.BytesIO(raw), mode="r:")
+        tar, view = open_tar(raw)
     except (tarfile.TarError, EOFError) as exc:
         raise ShardFormatError(f"{where}: not a tar archive: {exc}") from exc
     try:
@@ -431,15 +433,15 @@ def read_webdataset_shard(
                         f"{where}: member {member.name!r}: {member.size} bytes exceeds the "
                         f"limit of {cap} bytes"
                     )
-                handle = tar.extractfile(member)
-                payload = handle.read() if handle is not None else b""
+                payload = member_bytes(view, member)
                 if len(payload) != member.size:
                     raise ShardFormatError(f"{where}: member {member.name!r}: truncated archive")
-                parts[ext] = payload
+                # A label is a few bytes, parsed at once; an image stays a view of the shard.
+                parts[ext] = payload if ext in _KIND_OF_EXTENSION else bytes(payload)
             # tarfile stops quietly at a garbled header after the first member, so require the
             # end-of-archive marker right after the last one, as the strict reader does.
             end = tar.offset
-            marker = raw[end : end + _END_MARKER_BYTES]
+            marker = bytes(view[end : end + _END_MARKER_BYTES])
             if len(marker) < _END_MARKER_BYTES or marker.count(0) != _END_MARKER_BYTES:
                 raise ShardFormatError(
                     f"{where}: truncated or corrupt archive: no end-of-archive marker at byte {end}"
@@ -470,7 +472,7 @@ def _no_samples(where: str, members: int, names: list[str], exts: list[str]) -> 
 
 def _sample(
     key: str,
-    parts: dict[str, bytes],
+    parts: dict[str, ImageData],
     where: str,
     label_field: str | None,
     num_classes: int | None,
@@ -485,7 +487,7 @@ def _sample(
         if _JSON_EXTENSION not in parts:
             raise ShardFormatError(f"{where}: sample {key!r} has no .json member for its label")
         try:
-            label = _json_label(parts[_JSON_EXTENSION], key, label_field)
+            label = _json_label(bytes(parts[_JSON_EXTENSION]), key, label_field)
         except ShardFormatError as exc:
             raise ShardFormatError(f"{where}: {exc}") from exc
     else:
@@ -493,7 +495,7 @@ def _sample(
         if found is None:
             raise ShardFormatError(f"{where}: sample {key!r} has no .cls or .txt label member")
         try:
-            label = _integer_label(parts[found], key, found)
+            label = _integer_label(bytes(parts[found]), key, found)
         except ShardFormatError as exc:
             raise ShardFormatError(f"{where}: {exc}") from exc
     if num_classes is not None and label >= num_classes:

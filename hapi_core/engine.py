@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import hapi_models
 import torch
 
+from hapi_contract import ImageData
 from hapi_contract.frames import FrameEncoder
 
 from .decode_pool import DecodePool, DecodeTask
@@ -93,7 +94,7 @@ class JobStats:
 class ExtractionJob:
     model: hapi_models.SplittableModel
     split: int
-    images: Sequence[bytes]
+    images: Sequence[ImageData]
     labels: Sequence[int]
     transform: hapi_models.InputTransform
     batch_size: int
@@ -336,7 +337,7 @@ class _Step:
 def run_batch(
     head: torch.nn.Module,
     transform: hapi_models.InputTransform,
-    images: Sequence[bytes],
+    images: Sequence[ImageData],
     labels: Sequence[int],
     start: int,
     batch_size: int,

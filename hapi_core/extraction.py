@@ -25,6 +25,7 @@ from hapi_contract import (
     DatasetLayout,
     ExtractRequest,
     FinetuneRequest,
+    ImageData,
     ModelRef,
     Parse,
     ReadObject,
@@ -168,7 +169,7 @@ def read_samples(
     source: ShardSource,
     num_classes: int,
     reserve: ReserveRead | None = None,
-) -> Flow[tuple[list[bytes], list[int]]]:
+) -> Flow[tuple[list[ImageData], list[int]]]:
     """:func:`read_named_samples` without the names."""
     images, labels, _ = yield from read_named_samples(rt, source, num_classes, reserve)
     return images, labels
@@ -181,7 +182,7 @@ def read_named_samples(
     reserve: ReserveRead | None = None,
     read_etags: list[str] | None = None,
     first: int | None = None,
-) -> Flow[tuple[list[bytes], list[int], list[str]]]:
+) -> Flow[tuple[list[ImageData], list[int], list[str]]]:
     """A shard's images and labels in any layout, read as the caller and checked: the format
     (422), the sample count (413), the shard object and a folder part's images against their
     pins (409) and every image's header (413 / 422); each error names the object. The names
@@ -353,7 +354,7 @@ class PreparedExtraction:
     scheduler: DeviceScheduler
     reservation: Reservation
     model: CachedModel
-    images: list[bytes]
+    images: list[ImageData]
     labels: list[int]
     started: float
     queued_s: float

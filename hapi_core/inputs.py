@@ -15,7 +15,7 @@ import warnings
 
 from PIL import Image, UnidentifiedImageError
 
-from hapi_contract import DatasetFormatError, has_dot_segment, read_shard
+from hapi_contract import DatasetFormatError, ImageData, has_dot_segment, read_shard
 
 from .errors import (
     InvalidNameError,
@@ -47,12 +47,12 @@ def check_swift_name(value: str, what: str, *, segmented: bool = False) -> None:
         )
 
 
-def check_images(images: list[bytes], max_pixels: int) -> None:
+def check_images(images: list[ImageData], max_pixels: int) -> None:
     """Open every image's header (no pixel decoded): 422 if unreadable, 413 if too large."""
     check_named_images(images, [f"sample {i}" for i in range(len(images))], max_pixels)
 
 
-def check_named_images(images: list[bytes], names: list[str], max_pixels: int) -> None:
+def check_named_images(images: list[ImageData], names: list[str], max_pixels: int) -> None:
     """:func:`check_images`, each error led by the image's name in ``names`` (e.g. its object)."""
     for name, data in zip(names, images, strict=True):
         try:
@@ -87,7 +87,7 @@ def parse_shard(
     max_samples: int,
     max_pixels: int,
     num_classes: int,
-) -> tuple[list[bytes], list[int]]:
+) -> tuple[list[ImageData], list[int]]:
     """A shard's images and labels, checked: the format (422), the sample count and every
     image's header (413 / 422). ``what`` names the shard in the messages."""
     try:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import hapi_models
 import torch
 
-from hapi_contract import TimingsRequest, TimingsResponse
+from hapi_contract import ImageData, TimingsRequest, TimingsResponse
 from hapi_contract.frames import FrameEncoder
 
 from .admission import input_transform
@@ -83,7 +83,7 @@ def timed_samples(per_sample_s: float | None, available: int) -> int:
 def measure_head(
     model: hapi_models.SplittableModel,
     split: int,
-    images: Sequence[bytes],
+    images: Sequence[ImageData],
     transform: hapi_models.InputTransform,
     device: torch.device,
     encoder: FrameEncoder,
@@ -147,7 +147,7 @@ def measure_head(
 def time_head(
     model: hapi_models.SplittableModel,
     req: TimingsRequest,
-    images: Sequence[bytes],
+    images: Sequence[ImageData],
     transform: hapi_models.InputTransform,
     device: torch.device,
     layer_times: LayerTimes,

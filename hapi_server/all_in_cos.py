@@ -19,7 +19,7 @@ from typing import TypeVar
 import hapi_models
 import torch
 
-from hapi_contract import FinetuneEpoch, FinetuneMetrics, FinetuneRequest, ShardSource
+from hapi_contract import FinetuneEpoch, FinetuneMetrics, FinetuneRequest, ImageData, ShardSource
 from hapi_contract.epochs import plan_epoch
 from hapi_core.adaptation import make_demand, new_request_id
 from hapi_core.admission import admit_model, input_transform
@@ -74,7 +74,7 @@ class _ShardSamples:
     """Per shard, in the request's shard order: the encoded images, their labels and their
     names (an image object, or a shard and key), which lead a decode error."""
 
-    images: list[list[bytes]]
+    images: list[list[ImageData]]
     labels: list[list[int]]
     names: list[list[str]]
 

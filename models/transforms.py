@@ -26,7 +26,7 @@ import io
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Literal, TypeAlias
 
 import numpy as np
 import torch
@@ -36,6 +36,9 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 DecodePath = Literal["fast", "pil"]
+#: An encoded image as the readers hand it on: often a read-only view of the shard it was read
+#: with, never copied whole (issue 27).
+EncodedImage: TypeAlias = bytes | bytearray | memoryview
 DECODE_PATHS: tuple[DecodePath, ...] = ("fast", "pil")
 
 # The modes libjpeg-turbo turns into RGB exactly as PIL's convert("RGB") does; CMYK/YCCK JPEGs
@@ -92,7 +95,7 @@ class InputTransform:
     def __call__(self, image: Image.Image) -> torch.Tensor:
         return self.pipeline()(image.convert("RGB"))
 
-    def decode_uint8(self, data: bytes, *, max_pixels: int | None = None) -> torch.Tensor:
+    def decode_uint8(self, data: EncodedImage, *, max_pixels: int | None = None) -> torch.Tensor:
         """One image through the fast path up to its ``[3, crop, crop]`` uint8 crop.
 
         The unit of work a decode pool runs; :meth:`normalize` turns a stack of them into the
@@ -114,7 +117,7 @@ class InputTransform:
 
     def decode_batch(
         self,
-        images: Sequence[bytes],
+        images: Sequence[EncodedImage],
         *,
         max_pixels: int | None = None,
         names: Sequence[str] | None = None,
@@ -141,7 +144,7 @@ class InputTransform:
 
     def decode_batch_cuda(
         self,
-        images: Sequence[bytes],
+        images: Sequence[EncodedImage],
         device: torch.device | str,
         *,
         max_pixels: int | None = None,
@@ -193,7 +196,7 @@ class InputTransform:
         return F.normalize(out.div_(255), list(self.mean), list(self.std))
 
     def _decode_batch_pil(
-        self, images: Sequence[bytes], max_pixels: int | None, names: Sequence[str] | None
+        self, images: Sequence[EncodedImage], max_pixels: int | None, names: Sequence[str] | None
     ) -> torch.Tensor:
         pipe = self.pipeline()
         out = torch.empty((len(images), *self.input_shape), dtype=torch.float32)
@@ -215,7 +218,7 @@ def named_errors(names: Sequence[str] | None, index: int) -> Iterator[None]:
         raise ImageDecodeError(f"{names[index]}: {exc}") from exc
 
 
-def _open(data: bytes, max_pixels: int | None) -> Image.Image:
+def _open(data: EncodedImage, max_pixels: int | None) -> Image.Image:
     """The image's header only (PIL reads no pixel yet), with the pixel limit checked."""
     try:
         img = Image.open(io.BytesIO(data))
@@ -236,13 +239,13 @@ def _load(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
-def decode_image(data: bytes, *, max_pixels: int | None = None) -> Image.Image:
+def decode_image(data: EncodedImage, *, max_pixels: int | None = None) -> Image.Image:
     """Decode one encoded image to RGB, refusing more than ``max_pixels`` before decoding it."""
     return _load(_open(data, max_pixels))
 
 
 def decode_pixels(
-    data: bytes, *, max_pixels: int | None = None, resize: int | None = None
+    data: EncodedImage, *, max_pixels: int | None = None, resize: int | None = None
 ) -> torch.Tensor:
     """Decode one encoded image to a ``[3, H, W]`` uint8 RGB tensor by the fast path.
 
@@ -270,9 +273,13 @@ def decode_pixels(
         return _pil_tensor(_load(img))
 
 
-def _turbo_jpeg(img: Image.Image, data: bytes) -> bool:
+def _turbo_jpeg(img: Image.Image, data: EncodedImage) -> bool:
     """A JPEG libjpeg-turbo (or nvJPEG) decodes as PIL would: RGB or grey, with its end marker."""
-    return img.format == "JPEG" and img.mode in _TURBO_MODES and data.endswith(_JPEG_END)
+    return (
+        img.format == "JPEG"
+        and img.mode in _TURBO_MODES
+        and bytes(data[-len(_JPEG_END) :]) == _JPEG_END
+    )
 
 
 def _pil_tensor(img: Image.Image) -> torch.Tensor:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -31,6 +31,7 @@ from torch.nn import functional
 from hapi_contract import (
     Compression,
     DatasetLayout,
+    ImageData,
     OutputDtype,
     ShardSource,
     TimingsRequest,
@@ -108,7 +109,7 @@ class PipelineCosts:
 
 @dataclass(frozen=True)
 class _Sampled:
-    images: list[bytes]
+    images: Sequence[ImageData]
     link_bytes_per_s: float | None
     objects_per_s: float | None
 
@@ -122,7 +123,7 @@ def measure_client_costs(
     net: hapi_models.SplittableModel,
     transform: hapi_models.InputTransform,
     freeze_index: int,
-    images: list[bytes],
+    images: Sequence[ImageData],
     device: torch.device,
     batch: int = TIMING_BATCH,
 ) -> ClientCosts:
@@ -251,7 +252,7 @@ def _sample_images(
     known = swift.bandwidth is not None and swift.bandwidth.bytes_per_s is not None
     wanted = int((DECODE_SAMPLES + 1) * (stored_bytes_per_sample + 1536))
     rate: float | None = None
-    images: list[bytes] = []
+    images: Sequence[ImageData] = []
     if not known:
         # The bandwidth probe's usual size, read for at most PROBE_S: on a slow link it may
         # hold only a few images; those are enough to time a decode.
@@ -431,7 +432,9 @@ def _timings_request(
     )
 
 
-def _time_client(prepared: PreparedModel, images: list[bytes], device: torch.device) -> ClientCosts:
+def _time_client(
+    prepared: PreparedModel, images: Sequence[ImageData], device: torch.device
+) -> ClientCosts:
     began = time.perf_counter()
     costs = measure_client_costs(
         prepared.net, prepared.transform, prepared.freeze_index, images, device

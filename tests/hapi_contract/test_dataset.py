@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+import tracemalloc
 
 import pytest
 from PIL import Image
@@ -386,3 +387,33 @@ def test_manifest_not_json(data: bytes) -> None:
 def test_manifest_too_large() -> None:
     with pytest.raises(InvalidManifestError, match="exceeds the limit"):
         parse_manifest(b" " * (MAX_MANIFEST_BYTES + 1))
+
+
+def _large_shard(samples: int, image_bytes: int) -> bytearray:
+    """A shard of ``samples`` JPEG-headed payloads of ``image_bytes``, as the Swift filter's
+    read hands it on: a ``bytearray``."""
+    image = JPG[:3] + bytes(range(256)) * (image_bytes // 256)
+    members = [
+        (f"{sample_key(i)}.{ext}", image if ext == "jpg" else b"1")
+        for i in range(samples)
+        for ext in ("cls", "jpg")
+    ]
+    return bytearray(_raw_tar(members))
+
+
+def test_read_shard_holds_a_read_buffer_once() -> None:
+    # Issue 27: a 988 MB shard was held three times (a bytes() copy of the read buffer, then a
+    # copy of every member); its images are views of the one buffer now, as it is planned.
+    data = _large_shard(8, 2 << 20)
+    tracemalloc.start()
+    try:
+        samples = read_shard(data)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < len(data) // 16, f"{peak} bytes allocated to read a {len(data)}-byte shard"
+    assert len(samples) == 8
+    for sample in samples:
+        image = sample.image_bytes
+        assert isinstance(image, memoryview) and image.readonly and image.obj is data
+        assert bytes(image[:3]) == JPG[:3] and len(image) == 256 * ((2 << 20) // 256) + 3

@@ -6,6 +6,7 @@ import gzip
 import io
 import json
 import tarfile
+import tracemalloc
 
 import pytest
 import webdataset as wds
@@ -284,6 +285,29 @@ def test_reads_a_shard_written_by_webdataset() -> None:
     ]
     assert all(s.image_bytes == JPG for s in samples)
     assert [s.label for s in read_webdataset_shard(data, "w", label_field="y")] == [9, 9, 9]
+
+
+def test_a_webdataset_shard_read_buffer_is_held_once() -> None:
+    # Issue 27: the read buffer was copied whole, then every member; the images are read-only
+    # views of it now, and a gzip shard's decompression is handed on without a copy.
+    image = JPG[:3] + bytes(range(256)) * 8192
+    members = [
+        (f"s{i}.{ext}", image if ext == "jpg" else b"2") for i in range(8) for ext in ("jpg", "cls")
+    ]
+    data = bytearray(_tar(members))
+    tracemalloc.start()
+    try:
+        samples = read_webdataset_shard(data, "w/big.tar")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < len(data) // 16, f"{peak} bytes allocated to read a {len(data)}-byte shard"
+    assert [s.label for s in samples] == [2] * 8
+    for sample in samples:
+        assert isinstance(sample.image_bytes, memoryview) and sample.image_bytes.obj is data
+        assert sample.image_bytes.readonly and sample.image_bytes == image
+    unzipped = read_webdataset_shard(gzip.compress(bytes(data)), "w/big.tar.gz")
+    assert [s.image_bytes for s in unzipped] == [image] * 8
 
 
 def test_any_member_order_txt_labels_webp_and_gzip() -> None:

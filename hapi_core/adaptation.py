@@ -114,6 +114,9 @@ class DeviceScheduler:
     _planned_peak: int = 0
     evict_idle: Callable[[Device], int] | None = None
     """Set by the weights cache: drop idle weights of a device, return the bytes freed."""
+    reclaim: Callable[[], int] | None = None
+    """Set by the weights cache: free dropped weights that only garbage still holds, return
+    the bytes freed (a full garbage collection; called only before a 507)."""
     host_memory: HostMemoryProbe = field(default_factory=lambda: HOST_MEMORY)
     """Told of every admission and release: it measures a batch only while its request runs
     alone in the process."""
@@ -265,12 +268,19 @@ class DeviceScheduler:
         the plan (measured now: what nothing here will free). On a CPU the measurement alone,
         without the floor that planning keeps: a refusal only for what surely is outside."""
         weights = pinned_bytes + demand.model_bytes
+        alone = dataclasses.replace(demand, model_bytes=0)
         outside = self._measured_outside()
         try:
-            check_feasible_alone(
-                dataclasses.replace(demand, model_bytes=0),
-                max(0, self.capacity_bytes - weights - outside),
-            )
+            try:
+                check_feasible_alone(alone, max(0, self.capacity_bytes - weights - outside))
+            except InfeasibleRequestError:
+                # Evicted weights whose request has let go are garbage in reference cycles
+                # (see hapi_core.weights_cache), resident until collected: collect before a
+                # refusal, which must count only what surely stays.
+                if self.reclaim is None or self.reclaim() == 0:
+                    raise
+                outside = self._measured_outside()
+                check_feasible_alone(alone, max(0, self.capacity_bytes - weights - outside))
         except InfeasibleRequestError as exc:
             held = [
                 f"its model's weights hold {weights}" if weights else "",

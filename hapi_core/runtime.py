@@ -92,6 +92,7 @@ class CoreRuntime:
                 sched.timers = timers
             sched.resident_weights = weights.resident_bytes
             sched.evict_idle = weights.evict_idle
+            sched.reclaim = weights.reclaim
             if not device.is_cuda and settings.count_process_memory:
                 sched.process_memory = resident_in_use_bytes
             schedulers[device.name] = sched

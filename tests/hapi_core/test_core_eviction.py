@@ -77,3 +77,28 @@ async def test_a_waiter_is_placed_once_the_evicted_weights_have_left_the_process
     process.referenced = False  # "ran" has dropped it: the next look measures it gone
     got = await asyncio.wait_for(waiting, 10)
     assert got.batch_size == 80
+
+
+async def test_a_request_is_not_refused_for_evicted_weights_that_only_garbage_holds() -> None:
+    settings = ServerSettings(  # type: ignore[call-arg]
+        _env_file=None, framework_reserve_bytes=0, b_min=1, adaptation_window_s=0.0
+    )
+    scheduler = DeviceScheduler(Device("cpu", 100 * KB), settings, Metrics())
+    process = _Process(model=60 * KB)
+    process.in_use = False
+    scheduler.resident_weights = process.resident_weights
+    scheduler.evict_idle = process.evict_idle
+    scheduler.process_memory = process.memory
+    collections = []
+
+    def reclaim() -> int:
+        # The evicted model's request has let go: a collection frees what its cycles held.
+        collections.append(process.referenced)
+        process.referenced = False
+        return process.model
+
+    scheduler.reclaim = reclaim
+    process.evict_idle(scheduler.device)  # by an earlier round; resident until collected
+    # 80 kB fit once the 60 kB are collected, not beside them: no 507.
+    got = await asyncio.wait_for(scheduler.acquire(Demand("next", KB, 0, 80, 80, 1.0)), 10)
+    assert got.batch_size == 80 and collections == [True]

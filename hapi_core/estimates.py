@@ -25,6 +25,13 @@ log = logging.getLogger(__name__)
 
 ProfileKey = tuple[str, int, tuple[int, int, int]]
 
+#: A request's frames alive on the host beside the batch being computed, each at most the
+#: batch's float32 output: the last one sent, which the response still holds while the next is
+#: computed (``eventlet.wsgi`` and the proxy's middlewares keep their loop's last chunk;
+#: uvicorn its last body), and one queued for it (the HAPI server's frame queue holds one).
+#: Unplanned, they were about 4 MiB per sample at ResNet18's early splits at 576 px (issue 27).
+FRAMES_IN_FLIGHT = 2
+
 
 @dataclass(frozen=True)
 class HeadEstimate:
@@ -73,10 +80,11 @@ class MemoryEstimator:
     """Per-sample memory of a head: the profile's figure, corrected from measured peaks.
 
     The profile counts the input batch, the largest layer's input and output (and a leaf's
-    input a second time) and the output copy, so on a CPU it is above the real use (measured
-    here: 0.73x for AlexNet up to its freeze index, 0.64x for ResNet18 at split 4, linear in the
-    batch size, within 0.1 % from batch to batch; a head's first batch reads about 6 % more, for
-    one-time allocations that stay in the process afterwards). The correction per head and device
+    input a second time) and the output copy, and on a CPU the frames in flight
+    (:data:`FRAMES_IN_FLIGHT`), so on a CPU it is above the real use (measured before the
+    frames were counted: 0.73x for AlexNet up to its freeze index, 0.64x for ResNet18 at split
+    4, linear in the batch size, within 0.1 % from batch to batch; a head's first batch reads
+    about 6 % more, for one-time allocations that stay in the process afterwards). The correction per head and device
     type is the largest of the last ``window`` measurements times ``1 + margin`` (the CPU probe
     takes four readings per head, so the default window of three leaves the first one out):
 
@@ -129,12 +137,15 @@ class MemoryEstimator:
             self._profiles[key] = prof
         return prof
 
-    def _base(self, prof: hapi_models.ModelProfile, split: int) -> int:
-        # Input batch, the peak of the head's layers, and the output copy that gets encoded.
+    def _base(self, prof: hapi_models.ModelProfile, split: int, device_type: str) -> int:
+        # Input batch, the peak of the head's layers, and the output copy that gets encoded;
+        # on the host, the earlier batches' frames still alive too.
+        frames = FRAMES_IN_FLIGHT * prof.output_bytes(split) if device_type == "cpu" else 0
         return (
             prof.input_bytes_per_sample
             + prof.head_activation_bytes_per_sample(split)
             + prof.output_bytes(split)
+            + frames
         )
 
     def estimate(
@@ -144,7 +155,7 @@ class MemoryEstimator:
         with self._lock:
             factor = self._correction.get(((arch, num_classes, shape), split, device_type), 1.0)
         return HeadEstimate(
-            bytes_per_sample=math.ceil(self._base(prof, split) * factor),
+            bytes_per_sample=math.ceil(self._base(prof, split, device_type) * factor),
             head_weight_bytes=prof.head_weight_bytes(split),
             output_bytes_per_sample=prof.output_bytes(split),
         )
@@ -168,7 +179,7 @@ class MemoryEstimator:
         """Fold one request's measured peak per sample into the head's correction factor."""
         if not math.isfinite(measured_bytes_per_sample) or measured_bytes_per_sample <= 0:
             return  # a reading of nothing says nothing
-        base = max(1, self._base(self.profile(arch, num_classes, shape), split))
+        base = max(1, self._base(self.profile(arch, num_classes, shape), split, device_type))
         key = ((arch, num_classes, shape), split, device_type)
         with self._lock:
             recent = self._measured.setdefault(key, deque(maxlen=self._window))

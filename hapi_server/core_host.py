@@ -239,7 +239,9 @@ async def stream(state: ServerState, prep: Prepared) -> AsyncIterator[bytes]:
         return
     job = job_of(state, prep)
     loop = asyncio.get_running_loop()
-    frames: asyncio.Queue[object] = asyncio.Queue(maxsize=4)
+    # One frame queued while the loop sends the last: every frame alive beside the batch being
+    # computed is planned memory (hapi_core.estimates.FRAMES_IN_FLIGHT).
+    frames: asyncio.Queue[object] = asyncio.Queue(maxsize=1)
     client_gone = threading.Event()
     computation = prep.computation
     cancelled = computation.cancelled if computation is not None else client_gone

@@ -17,7 +17,7 @@ from hapi_contract.frames import FrameEncoder
 from hapi_core.adaptation import DeviceScheduler
 from hapi_core.devices import Device
 from hapi_core.engine import ExtractionJob, run_extraction
-from hapi_core.estimates import MemoryEstimator
+from hapi_core.estimates import FRAMES_IN_FLIGHT, MemoryEstimator
 from hapi_core.host_memory import HostMemoryProbe
 from hapi_core.metrics import Metrics
 from hapi_core.solver import Demand
@@ -47,6 +47,15 @@ def test_cpu_estimate_goes_down_only_after_min_samples_to_the_largest_plus_margi
     assert observe(est, 0.62 * base) == base
     # Third reading: the largest of the three, plus the margin.
     assert observe(est, 0.60 * base) == pytest.approx(0.64 * 1.05 * base, rel=1e-6)
+
+
+def test_a_host_estimate_counts_the_frames_in_flight() -> None:
+    # Issue 27: the frame the response still holds and the one queued for it were unplanned.
+    prof = MemoryEstimator().profile(ARCH, 10, SHAPE)
+    frames = FRAMES_IN_FLIGHT * prof.output_bytes(SPLIT)
+    assert FRAMES_IN_FLIGHT >= 2 and frames > 0
+    # A GPU's budget is its own memory: the frames are on the host.
+    assert profile_bytes("cpu") == profile_bytes("cuda") + frames
 
 
 def test_a_reading_above_the_estimate_raises_it_at_once() -> None:

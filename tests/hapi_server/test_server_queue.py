@@ -4,17 +4,18 @@ The server's memory budget is computed from the same estimates it plans with, so
 request at b_min fills the device:
 
 * model efficientnet_lite0 (R = its resident weights), split 0 at 64 px, so one sample costs
-  d = 147456 bytes (input + output copy, see ``MemoryEstimator``), b_min = 25;
+  d = 245760 bytes (input, output copy and the two frames in flight, see ``MemoryEstimator``),
+  b_min = 25;
 * every byte a request causes is planned before it is read: its shard's bytes (from a HEAD)
   and, while the model is not resident, the weights' blob beyond the first COS batch (the
   two never coexist); a shard of unknown count is planned at b_min = min(25, the most
   samples its size can hold);
 * budget = framework reserve + R + the weights' blob + the small shard + d: enough to load
   the model once (the fixture does); request A (b_max 64, a 4.9 MB shard) is then planned at
-  (capacity - R - its shard) // d = 61 samples and leaves less than a sample free, so
+  (capacity - R - its shard) // d = 37 samples and leaves less than a sample free, so
   nothing else fits;
 * A's client reads nothing: its shard has 600 samples (16 frames of 37 x 49152 bytes, about
-  29 MB at split 0), far more than the server's frame queue (4 frames) plus the socket
+  29 MB at split 0), far more than the server's frame queue (1 frame) plus the socket
   buffers hold, so A's stream stalls and A keeps its reservation;
 * request B then waits (``hapi_queue_depth{device="cpu"} 1.0``, polled with a deadline), so
   with ``queue_limit=1`` request C gets 503 with Retry-After. Closing A releases its memory
@@ -123,10 +124,10 @@ def test_queue_full_is_503_with_retry_after(tight: ServerProcess, dataset: Datas
                 headers=dataset.headers(),
             )
         )
-        # A is planned (its status line came) and holds its shard and 61 samples' worth; its
+        # A is planned (its status line came) and holds its shard and 37 samples' worth; its
         # body is unread.
         assert resp_a.status_code == 200
-        assert int(resp_a.headers["x-hapi-cos-batch-size"]) == A_BATCH == 61
+        assert int(resp_a.headers["x-hapi-cos-batch-size"]) == A_BATCH == 37
         planned_a = len(BIG) + A_BATCH * D
         assert CAPACITY - R - planned_a < SMALL_BYTES + SMALL_B_MIN * D  # B cannot fit
         assert metric(tight, "hapi_planned_memory_bytes", device="cpu") == planned_a

@@ -137,6 +137,8 @@ class WeightsCache:
             self._entries.pop(entry.key, None)
             log.debug("evicted weights %s", entry.key)
             self._dropped.append(_Dropped.of(entry))
+            # A finished request's response may still hold the entry a while; not the model.
+            del entry.model
             freed += entry.nbytes
         return freed
 

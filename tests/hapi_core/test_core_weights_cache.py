@@ -78,3 +78,12 @@ def test_a_model_still_held_at_its_eviction_is_reclaimed_once_let_go() -> None:
     del held
     assert cache.reclaim() >= nbytes > 0
     assert weight() is None
+
+
+@pytest.mark.usefixtures("no_automatic_collection")
+def test_an_entry_still_held_at_its_eviction_keeps_no_model() -> None:
+    cache = WeightsCache(idle_budget_bytes=2**30)
+    weight = _cached_idle(cache)
+    entry = cache.lookup(KEY)  # a finished request's, whose response is not yet let go
+    cache.evict_idle(CPU)
+    assert entry is not None and weight() is None

@@ -7,6 +7,13 @@ client preparing a run and on a server loading a model for its first request ali
 :func:`skipped_random_init` the random initialisers leave their tensor as it is (uninitialised
 memory), which the load replaces. A torch function mode is kept per thread, so a model built
 with its random init on another thread at the same time is not affected.
+
+The tensor-level draws (``normal_``, ``uniform_``) are not left as they are but filled with a
+value of their range (the mean, the lower end), a fill far cheaper than the draw: initialisers
+made of them may read what they drew. ``torch.nn.init.trunc_normal_`` redraws with ``normal_``
+until every value is inside its bounds, and does not dispatch to the mode as a whole; over
+uninitialised memory that held values out of bounds (a freed object's bytes) it redrew the same
+recycled memory forever (a server building ConvNeXt-L spun for 10 minutes).
 """
 
 from __future__ import annotations
@@ -40,6 +47,13 @@ _RANDOM_FILLS: frozenset[Callable[..., Any]] = frozenset(
 )
 
 
+#: The draws filled instead with a value of their range: (its argument, its default).
+_IN_RANGE: dict[Callable[..., Any], tuple[str, float]] = {
+    torch.Tensor.normal_: ("mean", 0.0),
+    torch.Tensor.uniform_: ("from", 0.0),
+}
+
+
 class _SkipRandomFills(TorchFunctionMode):
     def __torch_function__(
         self,
@@ -50,7 +64,13 @@ class _SkipRandomFills(TorchFunctionMode):
     ) -> Any:
         kwargs = kwargs or {}
         if func in _RANDOM_FILLS:
-            return args[0] if args else kwargs["tensor"]
+            tensor = args[0] if args else kwargs["tensor"]
+            if func in _IN_RANGE:
+                name, default = _IN_RANGE[func]
+                value = args[1] if len(args) > 1 else kwargs.get(name, default)
+                with torch.no_grad():
+                    tensor.fill_(value)
+            return tensor
         return func(*args, **kwargs)
 
 

@@ -20,10 +20,19 @@ def test_a_skipped_draw_fills_its_tensor_with_a_value_of_its_range() -> None:
     assert torch.equal(uniform, torch.full((64,), -0.25))
 
 
+def test_a_skipped_draw_leaves_a_parameter_as_it_is() -> None:
+    """The load sets a parameter: its memory is not written before (nor made resident)."""
+    weight = torch.nn.Parameter(torch.full((64,), OUT_OF_BOUNDS))
+    with skipped_random_init(), torch.no_grad():
+        weight.normal_(0.5, 2.0)
+    assert torch.equal(weight, torch.full((64,), OUT_OF_BOUNDS))
+
+
 def test_trunc_normal_over_memory_out_of_its_bounds_finishes_within_them() -> None:
-    """torch's trunc_normal_ redraws with normal_ until every value is inside [a, b]: a draw
-    that left the out-of-bounds memory as it was never ended (ConvNeXt-L's build spun)."""
-    weight = torch.full((256, 256), OUT_OF_BOUNDS)
+    """torch's trunc_normal_ redraws the out-of-bounds values of its parameter into a
+    temporary until none is left: a temporary left holding recycled out-of-bounds memory never
+    ended (ConvNeXt-L's build spun)."""
+    weight = torch.nn.Parameter(torch.full((256, 256), OUT_OF_BOUNDS))
     done = threading.Event()
 
     def build() -> None:

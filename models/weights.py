@@ -11,12 +11,11 @@ import threading
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import nn
 
 from .errors import CheckpointError, ChecksumMismatchError, WeightsError
+from .safetensors_views import tensor_views
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +78,7 @@ def _too_large(path: Path, size: int, max_bytes: int, *, grew: bool = False) -> 
     )
 
 
-def sha256_hex(data: bytes | bytearray) -> str:
+def sha256_hex(data: bytes | bytearray | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
@@ -97,17 +96,22 @@ def save_weights(model: nn.Module, path: str | Path) -> str:
 
 
 def load_weights(
-    model: nn.Module, source: str | Path | bytes | bytearray, *, sha256: str | None = None
+    model: nn.Module,
+    source: str | Path | bytes | bytearray | memoryview,
+    *,
+    sha256: str | None = None,
 ) -> str:
     """Load safetensors weights (a path or the bytes) into ``model`` strictly; return their sha256.
 
-    A ``bytearray`` (a blob read into one buffer, as the Swift filter reads) is taken as bytes.
+    A ``bytearray`` or ``memoryview`` (a blob read into one buffer, as the Swift filter reads)
+    is read where it lies: the only copy the load makes is the parameters' own (issue 27: the
+    plan counts the blob and the model's resident bytes, nothing more).
 
     When ``sha256`` is given, a blob with another digest raises :class:`ChecksumMismatchError`
     before anything is parsed.
     """
-    blob: bytes | bytearray
-    if isinstance(source, bytes | bytearray):
+    blob: bytes | bytearray | memoryview
+    if isinstance(source, bytes | bytearray | memoryview):
         blob = source
     else:
         path = Path(source)
@@ -123,11 +127,10 @@ def load_weights(
             raise WeightsError(f"not a sha256 hex digest: {sha256!r}")
         if expected != digest:
             raise ChecksumMismatchError(expected, digest)
-    try:
-        # safetensors parses bytes only; the copy lives as long as the parse.
-        state = st_load(blob if isinstance(blob, bytes) else bytes(blob))
-    except (SafetensorError, ValueError) as exc:
-        raise WeightsError(f"not a safetensors blob: {exc}") from exc
+    # Views of the blob, not copies (see safetensors_views): the strict load's copy into the
+    # parameters is the only one. The legacy rescale adds tensors of its own beside them and
+    # writes into none.
+    state = tensor_views(blob)
     state = _with_legacy_input_rescale(model, state, digest)
     try:
         model.load_state_dict(state, strict=True)

@@ -64,3 +64,68 @@ def test_bad_digest_string() -> None:
     blob = hm.weights_to_bytes(hm.get_model("alexnet", num_classes=2))
     with pytest.raises(hm.WeightsError, match="sha256"):
         hm.get_model("alexnet", num_classes=2, weights=blob, sha256="xyz")
+
+
+@pytest.mark.parametrize(
+    ("name", "num_classes"), [("resnet18", 3), ("squeezenet1_1", 1000)], ids=["resnet18", "sq11"]
+)
+@pytest.mark.parametrize("kind", ["bytes", "bytearray", "memoryview", "path"])
+def test_round_trip_from_every_source_gives_equal_parameters(
+    name: str, num_classes: int, kind: str, tmp_path: Path
+) -> None:
+    torch.manual_seed(0)
+    saved = hm.get_model(name, num_classes=num_classes)
+    blob = hm.weights_to_bytes(saved)
+    path = tmp_path / "w.safetensors"
+    path.write_bytes(blob)
+    sources: dict[str, bytes | bytearray | memoryview | Path] = {
+        "bytes": blob,
+        "bytearray": bytearray(blob),
+        "memoryview": memoryview(bytearray(blob)),
+        "path": path,
+    }
+    loaded = hm.get_model(name, num_classes=num_classes, weights=sources[kind])  # type: ignore[arg-type]
+    want, got = saved.state_dict(), loaded.state_dict()
+    assert want.keys() == got.keys()
+    for key, value in want.items():
+        assert got[key].dtype == value.dtype and torch.equal(got[key], value), key
+
+
+class _NoBytes(bytearray):
+    """A blob that refuses to be copied into ``bytes``."""
+
+    def __bytes__(self) -> bytes:
+        raise AssertionError("the blob was copied into bytes")
+
+
+def test_a_bytearray_blob_is_read_in_place_and_only_the_parameters_copy_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 27: the plan counts the blob and the parameters. The state dict handed to the
+    strict load is views of the blob (no copy of it as bytes, none per tensor); the parameters
+    are copies (the blob changed afterwards leaves the model as it was)."""
+    torch.manual_seed(0)
+    saved = hm.get_model("resnet18", num_classes=3)
+    blob = _NoBytes(hm.weights_to_bytes(saved))
+    base = torch.frombuffer(blob, dtype=torch.uint8).data_ptr()
+    handed: list[dict[str, torch.Tensor]] = []
+    original = torch.nn.Module.load_state_dict
+
+    def spy(
+        self: torch.nn.Module, state: dict[str, torch.Tensor], *a: object, **k: object
+    ) -> object:
+        handed.append(state)
+        return original(self, state, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.nn.Module, "load_state_dict", spy)
+    model = hm.get_model("resnet18", num_classes=3, weights=blob)  # type: ignore[arg-type]
+    monkeypatch.undo()
+    (state,) = handed
+    for key, tensor in state.items():
+        if tensor.numel():
+            assert base <= tensor.data_ptr() < base + len(blob), f"{key} is a copy of the blob"
+    del state
+    handed.clear()
+    blob[:] = bytes(len(blob))  # possible again once the views are gone
+    for key, value in saved.state_dict().items():
+        assert torch.equal(model.state_dict()[key], value), key

@@ -97,7 +97,7 @@ if TYPE_CHECKING:
         feature_key,
         reframe,
     )
-    from .solver import Demand, InfeasibleRequestError, Plan, solve
+    from .solver import Demand, InfeasibleRequestError, Plan, Releases, solve
     from .timing import time_head, time_request
 
 __getattr__, __dir__ = attach(__name__, __file__)
@@ -143,6 +143,7 @@ __all__ = [
     "QueueFullError",
     "ReadWindow",
     "RecordingEncoder",
+    "Releases",
     "RequestTimeoutError",
     "Reservation",
     "Reserve",

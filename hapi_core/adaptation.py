@@ -43,6 +43,7 @@ from .solver import (
     Demand,
     InfeasibleRequestError,
     Plan,
+    Releases,
     check_feasible_alone,
     effective_b_min,
     solve,
@@ -60,6 +61,9 @@ class Reservation:
     model_bytes: int
     released: bool = False
     bytes_per_sample: int = 0
+    arrival: float = 0.0
+    """When the request arrived (its demand's): the fairness rule counts on a running
+    request's memory only for the waiters that arrived after it."""
 
 
 class Timers(Protocol):
@@ -318,6 +322,7 @@ class DeviceScheduler:
             demand.footprint(batch),
             demand.model_bytes,
             bytes_per_sample=demand.bytes_per_sample,
+            arrival=demand.arrival,
         )
         self._running[demand.request_id] = reservation
         self.host_memory.admitted()
@@ -419,8 +424,11 @@ class DeviceScheduler:
         # that no waiting request pins (a weight pinned by two waiters counts twice, which only
         # makes backfilling come sooner).
         pins = sum(t.pinned_bytes for t in self._waiting.values())
-        reclaimable = self._planned() + max(0, self._resident() - pins)
-        return solve([t.demand for t in pending], self.free_bytes(), reclaimable)
+        releases = Releases(
+            idle_bytes=max(0, self._resident() - pins),
+            running=tuple((r.arrival, r.planned_bytes) for r in self._running.values()),
+        )
+        return solve([t.demand for t in pending], self.free_bytes(), releases)
 
     def _refuse_unplaceable(self, pending: list[Ticket]) -> None:
         """With nothing running, a waiter that does not fit the capacity less its own weights

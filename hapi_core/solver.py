@@ -16,10 +16,16 @@ solver (PuLP + CBC, about 25 ms):
    first request that does not fit is the *head*. **Fairness rule:**
 
    * If the head could be placed once the requests already running end (its minimum
-     footprint is at most ``free`` plus the ``reclaimable`` memory those requests give back),
-     every later request waits too: memory freed by finishing requests goes to the oldest
-     waiter first, so service is first-come first-served and a request that waits only gets
-     older; it cannot starve behind later arrivals.
+     footprint is at most ``free`` plus the memory those requests give back, ``reclaimable``),
+     memory freed by finishing requests goes to the oldest waiter first: service is
+     first-come first-served, and a request that waits only gets older. Later requests are
+     planned now only into what the head can spare (*backfilling within the head's slack*):
+     all that this round plans behind the head, at its COS batches, fits in ``free`` plus
+     what the running requests that arrived before the head give back, less the head's
+     minimum footprint. Those requests are then certain to end, so the head never waits for
+     a request planned behind it, and it cannot starve behind later arrivals; a small request
+     of another user no longer waits for a large one's slow reader (issue 27: a second user's
+     ResNet18 waited 60 s behind a ViT-L/16 that waited for a pinned ConvNeXt-L).
    * Otherwise the head waits for memory that no running request will free (weights pinned by
      requests that wait behind it, memory outside the plan): later requests that fit in what
      is left are planned now, in arrival order (*backfilling*). The queue moves whenever some
@@ -27,8 +33,9 @@ solver (PuLP + CBC, about 25 ms):
      that cannot be placed; the requests planned so run, end, and unpin what the head needs.
      Once something runs, the first case applies again and the head is first in line.
 
-   ``reclaimable=None`` (the default) means that running requests may free anything: pure
-   first-come first-served. Taken-out requests wait for the next round.
+   ``reclaimable=None`` (the default) means that running requests may free anything and are
+   all older than any waiter: pure first-come first-served. Taken-out requests wait for the
+   next round.
 2. Sharing: the memory left after everyone's b_min is water-filled in bytes: every request gets
    an equal byte share of the remainder, capped at b_max, and what a capped request cannot use is
    re-shared among the others. Byte-equal shares mean a request with heavy samples gets fewer
@@ -88,6 +95,24 @@ class Demand:
 
 
 @dataclass(frozen=True)
+class Releases:
+    """What ending the running requests gives back, as the fairness rule reads it."""
+
+    idle_bytes: int = 0
+    """Freed whichever request ends: idle weights that no waiting request pins."""
+    running: tuple[tuple[float, int], ...] = ()
+    """Each running request's arrival and planned bytes."""
+
+    def total(self) -> int:
+        return self.idle_bytes + sum(nbytes for _, nbytes in self.running)
+
+    def before(self, arrival: float) -> int:
+        """What ending the running requests that arrived no later than ``arrival`` gives
+        back (those planned behind a waiter, by backfilling, are not counted on for it)."""
+        return self.idle_bytes + sum(nbytes for when, nbytes in self.running if when <= arrival)
+
+
+@dataclass(frozen=True)
 class Plan:
     batches: dict[str, int]
     """request id -> chosen COS batch size, for the requests that run now."""
@@ -107,46 +132,80 @@ def effective_b_min(b_min: int, b_max: int) -> int:
     return min(b_min, b_max)
 
 
-def solve(demands: Sequence[Demand], free_bytes: int, reclaimable_bytes: int | None = None) -> Plan:
+def solve(
+    demands: Sequence[Demand],
+    free_bytes: int,
+    reclaimable_bytes: int | Releases | None = None,
+) -> Plan:
     """Choose COS batch sizes for ``demands`` sharing ``free_bytes`` of one device.
 
     ``reclaimable_bytes``: what the requests already running give back when they end (None:
-    unbounded, pure first-come first-served); see the fairness rule in the module doc."""
+    unbounded, pure first-come first-served; a number: all of them older than any waiter);
+    see the fairness rule in the module doc."""
     free = max(0, int(free_bytes))
+    releases = (
+        Releases(idle_bytes=max(0, reclaimable_bytes))
+        if isinstance(reclaimable_bytes, int)
+        else reclaimable_bytes
+    )
     # Arrival order (ties: smaller minimum footprint first) is the order of service.
     order = sorted(demands, key=lambda d: (d.arrival, d.footprint(d.b_min)))
-    active: list[Demand] = []
+    prefix: list[Demand] = []
     need = 0
     for d in order:
         if need + d.footprint(d.b_min) > free:
             break
-        active.append(d)
+        prefix.append(d)
         need += d.footprint(d.b_min)
-    rest = order[len(active) :]
+    rest = order[len(prefix) :]
     head = rest[0] if rest else None
+    # What may be planned behind the head (the fairness rule): all that is free when no
+    # release can place it, else only its slack.
+    behind = 0
+    if head is not None and releases is not None:
+        head_need = head.footprint(head.b_min)
+        if head_need > free + releases.total():
+            behind = free - need
+        else:
+            behind = min(free - need, free + releases.before(head.arrival) - head_need)
     backfilled: list[Demand] = []
-    if head is not None and (
-        reclaimable_bytes is not None
-        and head.footprint(head.b_min) > free + max(0, reclaimable_bytes)
-    ):
-        for d in rest[1:]:
-            if need + d.footprint(d.b_min) <= free:
-                backfilled.append(d)
-                need += d.footprint(d.b_min)
-        active = sorted(active + backfilled, key=lambda d: (d.arrival, d.footprint(d.b_min)))
-    planned_ids = {d.request_id for d in active}
+    for d in rest[1:]:
+        if d.footprint(d.b_min) <= behind - sum(b.footprint(b.b_min) for b in backfilled):
+            backfilled.append(d)
+    planned_ids = {d.request_id for d in prefix + backfilled}
     # Latest arrival first, as the rule takes them out.
     deferred = [d.request_id for d in reversed(rest) if d.request_id not in planned_ids]
     head_id = head.request_id if head is not None else None
     ahead = tuple(d.request_id for d in backfilled)
-    if not active:
+    if not prefix and not backfilled:
         return Plan({}, deferred, 0, free, head_id, ahead)
 
-    batches = {d.request_id: d.b_min for d in active}
-    remaining = free - need
+    batches = {d.request_id: d.b_min for d in prefix + backfilled}
+    spare = free - need - sum(d.footprint(d.b_min) for d in backfilled)
+    # The requests before the head grow first; those behind it within its slack only.
+    spare -= _grow(prefix, batches, spare)
+    _grow(backfilled, batches, min(spare, behind - sum(d.footprint(d.b_min) for d in backfilled)))
+    active = sorted(prefix + backfilled, key=lambda d: (d.arrival, d.footprint(d.b_min)))
+    planned = sum(d.footprint(batches[d.request_id]) for d in active)
+    return Plan(
+        {d.request_id: batches[d.request_id] for d in active},
+        deferred,
+        planned,
+        free,
+        head_id,
+        ahead,
+    )
 
-    # Water-fill the remainder in bytes among requests that can still grow.
-    growing = [d for d in active if d.b_max > d.b_min]
+
+def _grow(group: Sequence[Demand], batches: dict[str, int], spare: int) -> int:
+    """Grow ``group``'s batches (in ``batches``) within ``spare`` bytes; the bytes spent.
+
+    The spare memory is water-filled in bytes: every request gets an equal byte share, capped
+    at its b_max, and what a capped request cannot use is re-shared among the others. Integer
+    rounding leaves less than one sample per request; single samples are then added, in
+    arrival order, while any still fits, so no batch can grow by one more."""
+    remaining = max(0, spare)
+    growing = [d for d in group if d.b_max > batches[d.request_id]]
     while growing and remaining > 0:
         share = remaining // len(growing)
         if share == 0:
@@ -164,19 +223,15 @@ def solve(demands: Sequence[Demand], free_bytes: int, reclaimable_bytes: int | N
         if spent == 0:
             break
         growing = [d for d in still if batches[d.request_id] < d.b_max]
-
-    # Rounding leftovers: single samples in arrival order while any fits.
     progressed = True
     while progressed and remaining > 0:
         progressed = False
-        for d in active:
+        for d in group:
             if batches[d.request_id] < d.b_max and d.bytes_per_sample <= remaining:
                 batches[d.request_id] += 1
                 remaining -= d.bytes_per_sample
                 progressed = True
-
-    planned = sum(d.footprint(batches[d.request_id]) for d in active)
-    return Plan(batches, deferred, planned, free, head_id, ahead)
+    return max(0, spare) - max(0, remaining)
 
 
 def check_feasible_alone(demand: Demand, capacity_bytes: int) -> None:

@@ -133,18 +133,24 @@ async def test_release_plans_the_deferred_request() -> None:
 
 
 async def test_an_older_waiter_goes_first_when_memory_frees() -> None:
-    s = scheduler(total=100 * KB)
+    s = scheduler(total=120 * KB)
     holder = await s.acquire(demand("holder", b_min=60, b_max=60))
-    old = asyncio.create_task(s.acquire(demand("old", b_min=50, b_max=50)))
+    old = asyncio.create_task(s.acquire(demand("old", b_min=70, b_max=70)))
     await settle()
-    # "new" would fit in the 40 kB that are free, but "old" waits longer and is served first.
-    new = asyncio.create_task(s.acquire(demand("new", b_min=40, b_max=40)))
+    # "new" would fit in the 60 kB that are free, but not in the 50 kB that "old" leaves once
+    # the holder ends: "old" waits longer and is served first. "tiny" fits in those 50 kB (the
+    # fairness rule's slack): it runs at once, and "old" never waits for it.
+    new = asyncio.create_task(s.acquire(demand("new", b_min=55, b_max=55)))
+    tiny = asyncio.create_task(s.acquire(demand("tiny", b_min=10, b_max=10)))
     await settle()
-    assert not old.done() and not new.done()
+    assert not old.done() and not new.done() and tiny.result().batch_size == 10
     s.release(holder)
     got_old = await asyncio.wait_for(old, 10)
+    assert not new.done()
+    s.release(tiny.result())
+    s.release(got_old)
     got_new = await asyncio.wait_for(new, 10)
-    assert (got_old.batch_size, got_new.batch_size) == (50, 40)
+    assert (got_old.batch_size, got_new.batch_size) == (70, 55)
 
 
 async def test_queue_full_is_503_with_retry_after() -> None:
@@ -354,13 +360,14 @@ async def test_a_waiter_that_can_never_fit_is_507_not_504() -> None:
     large = asyncio.create_task(s.acquire(demand("large", b_min=50, b_max=50)))
     small = asyncio.create_task(s.acquire(demand("small", b_min=5, b_max=5)))
     await settle()
-    assert not large.done() and not small.done()
-    # The holder ends but its memory stays with the process (the allocator keeps it): 60 kB
-    # outside the plan. "large" cannot be placed by any release: "small" is served meanwhile.
-    s.release(holder)
-    await settle()
+    # "small" fits in what "large" leaves even once the holder ends: it runs at once.
     got = small.result()
     assert got.batch_size == 5 and not large.done()
+    # The holder ends but its memory stays with the process (the allocator keeps it): 60 kB
+    # outside the plan, and "small" still runs: "large" waits.
+    s.release(holder)
+    await settle()
+    assert not large.done()
     # Nothing runs any more and "large" still does not fit: 507, not a 504 after the timeout.
     s.release(got)
     await settle()

@@ -13,7 +13,12 @@ import pytest
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from hapi_core import Demand, Plan, solve
-from hapi_core.solver import InfeasibleRequestError, check_feasible_alone, effective_b_min
+from hapi_core.solver import (
+    InfeasibleRequestError,
+    Releases,
+    check_feasible_alone,
+    effective_b_min,
+)
 
 MiB = 2**20
 
@@ -289,6 +294,35 @@ def test_a_head_that_releases_will_place_keeps_first_come_first_served() -> None
     assert plan.batches == {"new": 1} and plan.deferred == ["old"] and plan.head == "old"
 
 
+def test_a_head_that_releases_will_place_lets_requests_run_within_its_slack() -> None:
+    # Issue 27's livelock: "vit" waits for a running request's 60 kB (a pinned model and a
+    # slow reader); 60 kB are free and it needs 100 kB: 20 kB it will never need.
+    demands = [
+        demand("vit", 1_000, b_min=100, b_max=100, arrival=1.0),
+        demand("small", 1_000, b_min=5, b_max=30, arrival=2.0),
+        demand("big", 1_000, b_min=25, b_max=25, arrival=3.0),
+    ]
+    running = Releases(running=((0.5, 60_000),))
+    plan = solve(demands, 60_000, running)
+    # "small" runs and grows only to the slack; "big" would delay "vit", so it waits.
+    assert plan.batches == {"small": 20} and plan.backfilled == ("small",)
+    assert plan.head == "vit" and plan.deferred == ["big", "vit"]
+    # A round later "small" runs (it arrived after "vit"): its memory is not counted on for
+    # "vit", so nothing more is planned behind it until the older request ends.
+    running = Releases(running=((0.5, 60_000), (2.0, 20_000)))
+    plan = solve(demands[::2], 40_000, running)
+    assert plan.batches == {} and plan.head == "vit"
+    # When the older request has ended, "vit" is placed first.
+    plan = solve(demands[::2], 100_000, Releases(running=((2.0, 20_000),)))
+    assert plan.batches == {"vit": 100} and plan.deferred == ["big"]
+
+
+def test_releases_count_idle_memory_for_every_waiter_and_a_request_only_for_younger() -> None:
+    releases = Releases(idle_bytes=7, running=((1.0, 10), (3.0, 100)))
+    assert releases.total() == 117
+    assert releases.before(0.5) == 7 and releases.before(1.0) == 17 and releases.before(5) == 117
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_backfilled_plans_keep_the_budget_and_the_order(seed: int) -> None:
     rng = random.Random(seed)
@@ -300,18 +334,26 @@ def test_backfilled_plans_keep_the_budget_and_the_order(seed: int) -> None:
         assert set(plan.batches) | set(plan.deferred) == set(by_id)
         assert plan.planned_bytes == sum(by_id[r].footprint(b) for r, b in plan.batches.items())
         assert plan.planned_bytes <= free
-        # The arrival-order prefix that fits; then, if the head does not fit even alone (the
-        # prefix's end would not place it), first fit in arrival order behind it.
-        need, head = 0, None
+        # The arrival-order prefix that fits; then first fit in arrival order behind the head:
+        # in what is free if it does not fit even alone (the prefix's end would not place it),
+        # else only in its slack (what it leaves of the free memory).
+        need, head, behind = 0, None, 0
         for d in sorted(demands, key=lambda d: (d.arrival, d.footprint(d.b_min))):
-            fits = need + d.footprint(d.b_min) <= free
-            if head is None and not fits:
-                head = d
-            elif head is not None and head.footprint(head.b_min) <= free:
-                fits = False  # first come, first served behind a head that will be placed
+            if head is None:
+                fits = need + d.footprint(d.b_min) <= free
+                if not fits:
+                    head, head_need = d, d.footprint(d.b_min)
+                    behind = free - need if head_need > free else min(free - need, free - head_need)
+            else:
+                fits = d.footprint(d.b_min) <= behind
+                behind -= d.footprint(d.b_min) if fits else 0
             assert (d.request_id in plan.batches) == fits, d.request_id
-            need += d.footprint(d.b_min) if fits else 0
+            need += d.footprint(d.b_min) if fits and head is None else 0
         assert plan.head == (head.request_id if head is not None else None)
+        if head is not None and head.footprint(head.b_min) <= free:
+            # Once the prefix ends, the head fits beside everything planned behind it.
+            later = sum(by_id[r].footprint(plan.batches[r]) for r in plan.backfilled)
+            assert later + head.footprint(head.b_min) <= free
 
 
 def test_input_bytes_are_a_constant_term() -> None:

@@ -189,7 +189,7 @@ def _unknown(name: str) -> UnknownModelError:
 def get_model(
     name: str,
     num_classes: int = 1000,
-    weights: str | Path | bytes | None = None,
+    weights: str | Path | bytes | bytearray | memoryview | None = None,
     *,
     sha256: str | None = None,
 ) -> SplittableModel:
@@ -197,7 +197,8 @@ def get_model(
 
     ``weights``: ``None`` (random init from torch's global RNG), ``"imagenet"`` (the packaged
     pretrained weights, where the architecture has them offline), a path to a ``.safetensors``
-    file, or the safetensors bytes. When ``sha256`` is given the blob is verified first.
+    file, or the safetensors bytes (read in place: a ``bytearray`` or ``memoryview`` is not
+    copied). When ``sha256`` is given the blob is verified first.
     """
     from .skip_init import skipped_random_init  # local: torch is imported only to build
     from .weights import load_weights  # local: weights imports the registry for its errors

@@ -84,7 +84,7 @@ def test_round_trip_from_every_source_gives_equal_parameters(
         "memoryview": memoryview(bytearray(blob)),
         "path": path,
     }
-    loaded = hm.get_model(name, num_classes=num_classes, weights=sources[kind])  # type: ignore[arg-type]
+    loaded = hm.get_model(name, num_classes=num_classes, weights=sources[kind])
     want, got = saved.state_dict(), loaded.state_dict()
     assert want.keys() == got.keys()
     for key, value in want.items():
@@ -118,7 +118,7 @@ def test_a_bytearray_blob_is_read_in_place_and_only_the_parameters_copy_it(
         return original(self, state, *a, **k)  # type: ignore[arg-type]
 
     monkeypatch.setattr(torch.nn.Module, "load_state_dict", spy)
-    model = hm.get_model("resnet18", num_classes=3, weights=blob)  # type: ignore[arg-type]
+    model = hm.get_model("resnet18", num_classes=3, weights=blob)
     monkeypatch.undo()
     (state,) = handed
     for key, tensor in state.items():

@@ -94,7 +94,9 @@ def check_weights(ref: ModelRef, size: int | None, max_bytes: int) -> None:
     )
 
 
-def build_model(ref: ModelRef, blob: bytes, device: torch.device) -> hapi_models.SplittableModel:
+def build_model(
+    ref: ModelRef, blob: bytes | bytearray, device: torch.device
+) -> hapi_models.SplittableModel:
     """The model of ``blob`` on ``device`` in eval mode, once its sha256 is the one the request
     names (409 otherwise) and it loads as the architecture's weights (422 otherwise)."""
     assert ref.weights is not None

@@ -47,7 +47,9 @@ class ObjectInfo:
 
 @dataclass(frozen=True)
 class StoredObject:
-    data: bytes
+    data: bytes | bytearray
+    """The body as it was read: a ``bytearray`` is handed on, never copied into ``bytes``
+    (a 988 MB shard would be held twice), and only read."""
     etag: str
 
 

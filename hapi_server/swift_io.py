@@ -159,7 +159,8 @@ class SwiftReader:
                     buf += chunk
                     if len(buf) > max_bytes:
                         raise PayloadTooLargeError(f"{what} exceeds the limit of {max_bytes} bytes")
-                return StoredObject(bytes(buf), resp.headers.get("etag", "").strip('"'))
+                # Handed on as read: bytes(buf) held a 988 MB shard twice (issue 27).
+                return StoredObject(buf, resp.headers.get("etag", "").strip('"'))
         except HapiCoreError:
             raise
         except httpx.HTTPError as exc:

@@ -213,7 +213,7 @@ class _ProxyHost:
         if self._metrics is not None:
             self._metrics.swift_read_bytes.inc(len(data))
         # Held once, as read: bytes() would copy the whole object.
-        return StoredObject(data, etag)  # type: ignore[arg-type]  # bytes-like, read-only use
+        return StoredObject(data, etag)
 
     def _get_many(self, effect: GetMany) -> list[StoredObject]:
         """Green threads, one GET subrequest each, as :class:`~hapi_core.ReadWindow` says.

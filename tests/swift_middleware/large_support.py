@@ -26,6 +26,7 @@ import torch
 from PIL import Image
 
 from hapi_client.datasets import index_dataset
+from hapi_contract import write_shard
 from hapi_contract.errors import FrameError, RemoteStreamError
 from hapi_contract.frames import BatchFrame, FrameDecoder
 from hapi_stack import RunningStack
@@ -47,6 +48,7 @@ IMAGES_224 = "shards/224-16.tar"
 SLOW_SHARD = "shards/224-96.tar"  # the livelock case's pinned ConvNeXt-L streams it
 SMALL_SHARD = "shards/64-12.tar"
 PNG_COUNT, PNG_SIDE, PNG_VARIANTS = 68, 2200, 4  # 2200 x 2200 x 3 noise: 14.5 MB a PNG
+PNG_SHARD = "shards/png-68.tar"  # the same PNGs as one shard: 988 MB
 ANSWER_TIMEOUT_S = 700  # beyond the default request_timeout (600 s): a 504 comes first
 WAIT_S = 300  # the bound on these cases' waits for another thread
 UNCLEAN = -1  # no HTTP answer, or a stream that broke without an error frame
@@ -170,6 +172,17 @@ def upload_png_folder(stack: RunningStack, state_dir: Path) -> PngFolder:
     (part,) = manifest.shards
     assert part.samples == PNG_COUNT
     return PngFolder(index, data, part.name, part.image_bytes or 0)
+
+
+def upload_png_shard(stack: RunningStack, container: str) -> int:
+    """The folder part's noise PNGs again, as one shard tar of 68 samples (988 MB, the issue's
+    "988 MB shard" row) at :data:`PNG_SHARD` in ``container``; its size in bytes."""
+    pngs = [_noise_png(seed) for seed in range(PNG_VARIANTS)]
+    data = write_shard((f"{i:06d}", pngs[i % PNG_VARIANTS], "png", i % 3) for i in range(PNG_COUNT))
+    conn = stack.connection()
+    conn.put_object(container, PNG_SHARD, data)
+    conn.close()
+    return len(data)
 
 
 @dataclass

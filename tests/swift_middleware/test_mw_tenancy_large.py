@@ -41,6 +41,7 @@ from tests.swift_middleware.large_support import (
     IMAGES_224,
     LIVE_BUDGET,
     PNG_COUNT,
+    PNG_SHARD,
     RESERVE,
     RESNET,
     SLOW_SHARD,
@@ -56,6 +57,7 @@ from tests.swift_middleware.large_support import (
     together,
     upload_large,
     upload_png_folder,
+    upload_png_shard,
     upload_second_user,
 )
 from tests.swift_middleware.mw_support import MwData, ProxyProcess, shard_url
@@ -87,6 +89,11 @@ def second_user(swift_stack: RunningStack, mw_data: MwData) -> SecondUser:
 @pytest.fixture(scope="module")
 def png_folder(swift_stack: RunningStack, tmp_path_factory: pytest.TempPathFactory) -> PngFolder:
     return upload_png_folder(swift_stack, tmp_path_factory.mktemp("png-index-state"))
+
+
+@pytest.fixture(scope="module")
+def png_shard(swift_stack: RunningStack, second_user: SecondUser) -> int:
+    return upload_png_shard(swift_stack, second_user.data.container)
 
 
 def _proxy_options(budget: int = BUDGET, **extra: str) -> dict[str, str]:
@@ -175,6 +182,16 @@ def test_a_1gb_folder_part_read_twice_at_once_stays_within_the_budget(
     watch.check(
         f"a folder part of {PNG_COUNT} PNGs ({png_folder.part_bytes / 1e6:.0f} MB), 2 at once", got
     )
+
+
+def test_a_1gb_shard_read_twice_at_once_stays_within_the_budget(
+    large_proxy: ProxyProcess, png_shard: int, second_user: SecondUser, mw_data: MwData
+) -> None:
+    body = second_user.data.body(RESNET, 3, side=64, b_max=32)
+    url = shard_url(large_proxy, second_user.data.container, PNG_SHARD)
+    watch = Watch(large_proxy, mw_data.token)
+    got = together([(url, body)] * 2, second_user.token)
+    watch.check(f"a shard of {PNG_COUNT} PNGs ({png_shard / 1e6:.0f} MB), 2 at once", got)
 
 
 def test_a_small_request_of_another_user_is_served_while_large_ones_wait(

@@ -10,6 +10,7 @@ and load are part of what the proxy plans. The cases, one test each:
 * ViT-L/16 and ConvNeXt-L requested together;
 * a folder dataset's part of 68 PNGs of about 14.5 MB each (1 GB, indexed in place by
   :func:`hapi_client.datasets.index_dataset`), read by two requests at once (ResNet18, 64 px);
+* the same PNGs as one 988 MB shard tar, read by two requests at once (ResNet18, 64 px);
 * the livelock case, on a proxy with ``request_timeout`` 60 and 4 slots: a ViT-L/16 arrives
   while a cached ConvNeXt-L, pinned, streams a shard to a client that reads slowly, then a
   second user's small ResNet18 arrives. The small request must be served.
@@ -19,7 +20,7 @@ memory (its idle memory included) stays within the budget plus 10 %, and that ev
 through the same proxy (one every 0.5 s) was answered; peak memory, the answers and the GETs'
 p50/p99/max are printed (``-s``). No timing is asserted.
 
-They upload about 4 GB and run ViT-L/16 on one thread, so they run only with
+They upload about 5 GB and run ViT-L/16 on one thread, so they run only with
 ``HAPI_LARGE_TENANCY=1`` (docs/architecture.md, Development); otherwise every test is skipped
 before any fixture uploads anything.
 """
@@ -70,7 +71,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
         not ENABLED,
-        reason="issue 27's large cases upload about 4 GB and run ViT-L/16 on one thread: "
+        reason="issue 27's large cases upload about 5 GB and run ViT-L/16 on one thread: "
         "set HAPI_LARGE_TENANCY=1 to run them",
     ),
 ]

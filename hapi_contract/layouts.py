@@ -74,6 +74,7 @@ from hapi_contract.dataset import (
 
 __all__ = [
     "DEFAULT_MAX_TAR_BYTES",
+    "GZIP_TRAILER_BYTES",
     "IN_PLACE_IMAGE_EXTENSIONS",
     "MAX_PART_LINE_BYTES",
     "PART_CONTENT_TYPE",
@@ -83,6 +84,7 @@ __all__ = [
     "PartEntry",
     "PartFormatError",
     "check_folder_object",
+    "gzip_trailer_size",
     "image_kind_of",
     "image_kind_of_name",
     "parse_part",
@@ -98,6 +100,8 @@ MAX_PART_LINE_BYTES: Final = 4096
 #: Decompressed (or plain) tar bytes :func:`read_webdataset_shard` accepts by default: the size
 #: WebDataset's own guidance gives as the upper end for a shard.
 DEFAULT_MAX_TAR_BYTES: Final = 1024**3
+#: The bytes at the end of a gzip stream that state its decompressed size (RFC 1952's ISIZE).
+GZIP_TRAILER_BYTES: Final = 4
 #: Image extensions of the in-place layouts (lowercase; matched case-insensitively).
 IN_PLACE_IMAGE_EXTENSIONS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
 
@@ -289,13 +293,33 @@ def check_folder_object(
     return ShardSample(entry.name, image, kind, entry.label)
 
 
+def gzip_trailer_size(tail: ImageData) -> int:
+    """What a gzip stream ending in ``tail`` says it decompresses to: its trailer's ISIZE (the
+    size modulo 2**32, of its last member); 0 for fewer than 4 bytes, and for a plain tar,
+    which ends in zero blocks. A server reads these 4 bytes (a ranged GET) to plan a shard's
+    decompression before reading it (issue 27)."""
+    return int.from_bytes(bytes(tail[-GZIP_TRAILER_BYTES:]), "little") if len(tail) >= 4 else 0
+
+
 def _decompressed(data: ImageData, limit: int) -> ImageData:
-    """``data`` itself, or its gzip decompression (all members, handed on without a copy),
-    refusing more than ``limit``."""
+    """``data`` itself, or its gzip decompression (handed on without a copy), refusing more
+    than ``limit`` and more than the gzip trailer states (:func:`gzip_trailer_size`, what a
+    server planned for it: a stream of several gzip members states only its last one's)."""
     if not bytes(data[: len(_GZIP_MAGIC)]).startswith(_GZIP_MAGIC):
         if len(data) > limit:
             raise ShardFormatError(f"tar of {len(data)} bytes exceeds the limit of {limit} bytes")
         return data
+    stated = gzip_trailer_size(data)
+    if stated < limit:
+        limit, why = (
+            stated,
+            (
+                f"the {stated} bytes its gzip trailer states (a stream of several gzip members, or a "
+                "corrupt one: store the tar as one gzip stream, or uncompressed)"
+            ),
+        )
+    else:
+        why = f"the limit of {limit} bytes (a decompression bomb, or a shard too large)"
     out = bytearray()
     rest: ImageData = data
     try:
@@ -306,10 +330,7 @@ def _decompressed(data: ImageData, limit: int) -> ImageData:
                 out += stream.decompress(pending, _READ_CHUNK)
                 pending = stream.unconsumed_tail
                 if len(out) > limit:
-                    raise ShardFormatError(
-                        f"gzip stream expands beyond the limit of {limit} bytes "
-                        "(a decompression bomb, or a shard too large)"
-                    )
+                    raise ShardFormatError(f"gzip stream expands beyond {why}")
             if not stream.eof:
                 raise ShardFormatError("truncated gzip stream")
             rest = stream.unused_data

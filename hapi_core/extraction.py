@@ -37,7 +37,12 @@ from hapi_contract import (
     read_shard_samples,
 )
 from hapi_contract.frames import FrameEncoder
-from hapi_contract.layouts import PartEntry
+from hapi_contract.layouts import (
+    DEFAULT_MAX_TAR_BYTES,
+    GZIP_TRAILER_BYTES,
+    PartEntry,
+    gzip_trailer_size,
+)
 from hapi_contract.shard_reading import check_pin
 
 from .adaptation import DeviceScheduler, Reservation, make_demand, new_request_id
@@ -248,6 +253,13 @@ def _perform_read(
                     # too) is planned before any of it is read.
                     info: ObjectInfo = yield Head(container, name)
                     size = min(max_bytes, info.size or max_bytes)
+                    if source.layout is DatasetLayout.WEBDATASET:
+                        # A .tar.gz's tar, decompressed beside it: the size its trailer states
+                        # (what the reader then holds it to; 0 for a plain tar).
+                        trailer: StoredObject = yield Get(
+                            container, name, GZIP_TRAILER_BYTES, tail=GZIP_TRAILER_BYTES
+                        )
+                        size += min(DEFAULT_MAX_TAR_BYTES, gzip_trailer_size(trailer.data))
                     yield from reserve(size, size // 1024 + 1)
                     reserve = None
                 blob: StoredObject = yield Get(container, name, max_bytes)

@@ -64,11 +64,13 @@ class Head:
 @dataclass(frozen=True)
 class Get:
     """Read ``container/obj`` as the caller, at most ``max_bytes`` (413 over); a
-    :class:`StoredObject`."""
+    :class:`StoredObject`. With ``tail``, only the object's last ``tail`` bytes (an HTTP suffix
+    range: all of it when it is shorter)."""
 
     container: str
     obj: str
     max_bytes: int
+    tail: int = 0
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,7 @@ class ServerHost:
 
     async def get(self, effect: Get) -> StoredObject:
         stored = await self.state.swift.get(
-            self.caller, effect.container, effect.obj, max_bytes=effect.max_bytes
+            self.caller, effect.container, effect.obj, max_bytes=effect.max_bytes, tail=effect.tail
         )
         self.state.metrics.swift_read_bytes.inc(len(stored.data))
         return stored

@@ -140,14 +140,17 @@ class SwiftReader:
         return ObjectInfo(resp.headers.get("etag", "").strip('"'), size)
 
     async def get(
-        self, caller: Caller, container: str, obj: str, *, max_bytes: int
+        self, caller: Caller, container: str, obj: str, *, max_bytes: int, tail: int = 0
     ) -> StoredObject:
+        """``container/obj`` read as ``caller``, at most ``max_bytes``; with ``tail``, its last
+        ``tail`` bytes only."""
         what = f"{container}/{obj}"
         url = self._url(caller, container, obj)
+        headers = {"X-Auth-Token": caller.token}
+        if tail > 0:
+            headers["Range"] = f"bytes=-{tail}"
         try:
-            async with self._client.stream(
-                "GET", url, headers={"X-Auth-Token": caller.token}
-            ) as resp:
+            async with self._client.stream("GET", url, headers=headers) as resp:
                 self._raise_for(resp, what)
                 length = resp.headers.get("content-length")
                 if length is not None and int(length) > max_bytes:

@@ -188,8 +188,8 @@ class _ProxyHost:
                 path = object_path(self._account, container, obj)
                 etag, size = stat_object(self._env, self._app, path, f"{container}/{obj}")
                 return ObjectInfo(etag, size)
-            case Get(container, obj, max_bytes):
-                return self._get(container, obj, max_bytes)
+            case Get(container, obj, max_bytes, tail):
+                return self._get(container, obj, max_bytes, tail)
             case GetMany():
                 return self._get_many(effect)
             case Compute(work):
@@ -200,14 +200,14 @@ class _ProxyHost:
                 return _wait_settled(waitable, timeout_s, self.deadline)
         raise TypeError(f"not an effect: {effect!r}")
 
-    def _get(self, container: str, obj: str, max_bytes: int) -> StoredObject:
+    def _get(self, container: str, obj: str, max_bytes: int, tail: int = 0) -> StoredObject:
         from hapi_core import StoredObject
 
         path = object_path(self._account, container, obj)
         what = f"{container}/{obj}"
         self._logger.debug("HAPI read of %s started", what)
         data, etag = read_object(
-            self._env, self._app, path, what, limit=max_bytes, deadline=self.deadline
+            self._env, self._app, path, what, limit=max_bytes, deadline=self.deadline, tail=tail
         )
         self._logger.debug("HAPI read of %s done: %d bytes", what, len(data))
         if self._metrics is not None:

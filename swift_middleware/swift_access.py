@@ -77,8 +77,10 @@ def read_object(
     *,
     limit: int,
     deadline: float | None = None,
+    tail: int = 0,
 ) -> tuple[bytearray, str]:
-    """GET ``path`` as the caller: ``(body, etag)``; at most ``limit`` bytes or a 413.
+    """GET ``path`` as the caller: ``(body, etag)``; at most ``limit`` bytes or a 413; with
+    ``tail``, only the last ``tail`` bytes (a suffix range).
 
     The body is held once: one buffer that the chunks are appended to, handed over as it is,
     never copied to ``bytes``. It grows with the body rather than being sized from
@@ -95,7 +97,8 @@ def read_object(
     the whole object is in. ``deadline`` (``time.monotonic``) bounds the read: past it, the
     read stops between two chunks with a 504; it is never interrupted inside the pipeline.
     """
-    sub = make_subrequest(env, method="GET", path=path, swift_source=SWIFT_SOURCE)
+    headers = {"Range": f"bytes=-{tail}"} if tail > 0 else None
+    sub = make_subrequest(env, method="GET", path=path, headers=headers, swift_source=SWIFT_SOURCE)
     resp = sub.get_response(app)
     if not is_success(resp.status_int):
         drain_and_close(resp)

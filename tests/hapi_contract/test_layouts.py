@@ -27,6 +27,7 @@ from hapi_contract.layouts import (
     PartEntry,
     PartFormatError,
     check_folder_object,
+    gzip_trailer_size,
     image_kind_of,
     image_kind_of_name,
     parse_part,
@@ -326,6 +327,18 @@ def test_any_member_order_txt_labels_webp_and_gzip() -> None:
     for blob in (data, gzip.compress(data)):
         samples = read_webdataset_shard(blob, "w/x.tgz")
         assert [(s.key, s.ext, s.label) for s in samples] == expected
+
+
+def test_a_gzip_shard_decompresses_to_no_more_than_its_trailer_states() -> None:
+    data = _tar([("a.jpg", JPG), ("a.cls", b"1"), ("b.jpg", JPG), ("b.cls", b"2")])
+    assert gzip_trailer_size(gzip.compress(data)) == len(data)
+    assert gzip_trailer_size(data) == 0 and gzip_trailer_size(b"\x01") == 0  # a plain tar
+    # What a server plans for a .tar.gz (issue 27): a stream of two members states only the
+    # last one's size, so it is refused rather than decompressed beyond the plan.
+    two = gzip.compress(data[:1024]) + gzip.compress(data[1024:])
+    with pytest.raises(ShardFormatError, match=r"w/two.tar.gz: .* trailer states .* one gzip"):
+        read_webdataset_shard(two, "w/two.tar.gz")
+    assert [s.label for s in read_webdataset_shard(gzip.compress(data), "w/one.tar.gz")] == [1, 2]
 
 
 def test_gzip_bomb_is_refused_before_it_expands() -> None:

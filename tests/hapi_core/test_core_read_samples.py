@@ -8,6 +8,7 @@ performed by a dict of objects, and the folder part's images by threads that a
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import io
 import threading
 from collections.abc import Callable
@@ -89,13 +90,15 @@ class Store:
 
     def get(self, effect: Get) -> StoredObject:
         with self._lock:
-            self.reads.append(effect.obj)
+            self.reads.append(f"tail {effect.obj}" if effect.tail else effect.obj)
         try:
             data = self.objects[(effect.container, effect.obj)]
         except KeyError:
             raise NotFoundError(
                 f"{effect.container}/{effect.obj} not found in Swift (404)"
             ) from None
+        if effect.tail:
+            data = data[-effect.tail :]
         if len(data) > effect.max_bytes:
             raise PayloadTooLargeError(f"{effect.container}/{effect.obj} is over the limit")
         return StoredObject(data, md5_hex(data))
@@ -350,6 +353,35 @@ def test_a_shards_bytes_are_planned_from_its_head_before_it_is_read(
     # Before: the shard was read whole, and only then was any memory planned.
     bound = len(shard) // 1024 + 1  # the most samples a tar of this size can hold
     assert store.reads == ["HEAD s.tar", f"reserve {len(shard)} for {bound}", "s.tar"]
+
+
+def test_a_webdataset_shard_is_planned_with_what_its_gzip_trailer_says_it_decompresses_to(
+    pool: ThreadPoolExecutor,
+) -> None:
+    tar = webdataset_tar(IMAGES, LABELS, label_field="y")
+    packed = gzip.compress(tar)
+    # Two gzip members: the trailer states only the last one's size.
+    two = gzip.compress(tar[:1024]) + gzip.compress(tar[1024:])
+    objects = {(DATA, "a.tar.gz"): packed, (DATA, "b.tar"): tar, (DATA, "c.tar.gz"): two}
+    store = Store(objects, pool)
+    source = ShardSource(DATA, "a.tar.gz", DatasetLayout.WEBDATASET, label_field="y")
+    assert _read_planned(store, source) == (IMAGES, LABELS)
+    # Issue 27: the stored bytes and the tar beside them, planned before either is read.
+    planned = len(packed) + len(tar)
+    bound = planned // 1024 + 1
+    assert store.reads == [
+        "HEAD a.tar.gz",
+        "tail a.tar.gz",
+        f"reserve {planned} for {bound}",
+        "a.tar.gz",
+    ]
+    # A plain tar ends in zero blocks: nothing more is planned.
+    store.reads.clear()
+    assert _read_planned(store, dataclasses.replace(source, shard="b.tar")) == (IMAGES, LABELS)
+    assert store.reads[2] == f"reserve {len(tar)} for {len(tar) // 1024 + 1}"
+    # A stream that grows beyond what its trailer states (and what was planned) is refused.
+    with pytest.raises(InvalidShardError, match="trailer states"):
+        _read_planned(store, dataclasses.replace(source, shard="c.tar.gz"))
 
 
 def test_a_folder_parts_images_are_planned_from_the_sizes_it_pins(

@@ -7,6 +7,7 @@ naming it, and the server keeps serving; a second user reads them only with a re
 
 from __future__ import annotations
 
+import gzip
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.swift
 SHARD = "shards/shard-000000.tar"
 ARCH, SPLIT = "resnet18", 4
 WDS_SHARD = "wds/train-0000.tar"
+WDS_GZ_SHARD = "wds/train-0001.tar.gz"  # the same tar, gzip-compressed
 
 
 def _unique(tag: str) -> str:
@@ -49,7 +51,9 @@ def data(swift_stack: RunningStack, dataset: Dataset) -> Iterator[Data]:
     folder = put_folder_dataset(
         conn, _unique("index"), _unique("images"), images, labels, part_size=8
     )
-    conn.put_object(folder.data, WDS_SHARD, webdataset_tar(images, labels, label_field="cls_id"))
+    tar = webdataset_tar(images, labels, label_field="cls_id")
+    conn.put_object(folder.data, WDS_SHARD, tar)
+    conn.put_object(folder.data, WDS_GZ_SHARD, gzip.compress(tar))
     conn.close()
     yield Data(folder, images, labels)
 
@@ -85,10 +89,12 @@ def test_folder_parts_give_the_features_of_the_uploaded_shard(
     torch.testing.assert_close(torch.cat(got), whole, **CLOSE)
 
 
+@pytest.mark.parametrize("shard", [WDS_SHARD, WDS_GZ_SHARD])
 def test_a_webdataset_tar_gives_the_features_of_the_uploaded_shard(
-    hapi_server: ServerProcess, dataset: Dataset, data: Data
+    hapi_server: ServerProcess, dataset: Dataset, data: Data, shard: str
 ) -> None:
-    body = dataset.request(ARCH, WDS_SHARD, SPLIT, output_dtype="float32")
+    # A .tar.gz is planned from its gzip trailer, read by a ranged GET (issue 27).
+    body = dataset.request(ARCH, shard, SPLIT, output_dtype="float32")
     body.update(container=data.folder.data, layout="webdataset", label_field="cls_id")
     result = extract(hapi_server, dataset, body)
     assert result.labels == data.labels
@@ -98,7 +104,7 @@ def test_a_webdataset_tar_gives_the_features_of_the_uploaded_shard(
     body.pop("label_field")
     body["layout"] = "shards"
     detail = assert_error(post(hapi_server, body, dataset.headers()), 422, "invalid_shard").detail
-    assert WDS_SHARD in detail
+    assert shard in detail
 
 
 def _mutable(swift_stack: RunningStack, data: Data, tag: str) -> InPlace:

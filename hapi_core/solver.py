@@ -169,9 +169,11 @@ def solve(
         else:
             behind = min(free - need, free + releases.before(head.arrival) - head_need)
     backfilled: list[Demand] = []
+    taken = 0  # the backfilled requests' minimum footprints
     for d in rest[1:]:
-        if d.footprint(d.b_min) <= behind - sum(b.footprint(b.b_min) for b in backfilled):
+        if taken + d.footprint(d.b_min) <= behind:
             backfilled.append(d)
+            taken += d.footprint(d.b_min)
     planned_ids = {d.request_id for d in prefix + backfilled}
     # Latest arrival first, as the rule takes them out.
     deferred = [d.request_id for d in reversed(rest) if d.request_id not in planned_ids]
@@ -181,10 +183,10 @@ def solve(
         return Plan({}, deferred, 0, free, head_id, ahead)
 
     batches = {d.request_id: d.b_min for d in prefix + backfilled}
-    spare = free - need - sum(d.footprint(d.b_min) for d in backfilled)
+    spare = free - need - taken
     # The requests before the head grow first; those behind it within its slack only.
     spare -= _grow(prefix, batches, spare)
-    _grow(backfilled, batches, min(spare, behind - sum(d.footprint(d.b_min) for d in backfilled)))
+    _grow(backfilled, batches, min(spare, behind - taken))
     active = sorted(prefix + backfilled, key=lambda d: (d.arrival, d.footprint(d.b_min)))
     planned = sum(d.footprint(batches[d.request_id]) for d in active)
     return Plan(

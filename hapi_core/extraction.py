@@ -253,9 +253,11 @@ def _perform_read(
                     # too) is planned before any of it is read.
                     info: ObjectInfo = yield Head(container, name)
                     size = min(max_bytes, info.size or max_bytes)
-                    if source.layout is DatasetLayout.WEBDATASET:
+                    stored = info.size or 0
+                    if source.layout is DatasetLayout.WEBDATASET and stored >= GZIP_TRAILER_BYTES:
                         # A .tar.gz's tar, decompressed beside it: the size its trailer states
-                        # (what the reader then holds it to; 0 for a plain tar).
+                        # (what the reader then holds it to; 0 for a plain tar). Not for an
+                        # object too short to hold one: Swift answers its range 416.
                         trailer: StoredObject = yield Get(
                             container, name, GZIP_TRAILER_BYTES, tail=GZIP_TRAILER_BYTES
                         )

@@ -382,6 +382,12 @@ def test_a_webdataset_shard_is_planned_with_what_its_gzip_trailer_says_it_decomp
     # A stream that grows beyond what its trailer states (and what was planned) is refused.
     with pytest.raises(InvalidShardError, match="trailer states"):
         _read_planned(store, dataclasses.replace(source, shard="c.tar.gz"))
+    # An object too short for a trailer is not asked for one (Swift answers that range 416).
+    store.objects[(DATA, "d.tar")] = b"\0\0"
+    store.reads.clear()
+    with pytest.raises(InvalidShardError, match="not a tar archive"):
+        _read_planned(store, dataclasses.replace(source, shard="d.tar"))
+    assert store.reads == ["HEAD d.tar", "reserve 2 for 1", "d.tar"]
 
 
 def test_a_folder_parts_images_are_planned_from_the_sizes_it_pins(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 import time
@@ -25,11 +26,14 @@ def test_the_poller_sees_a_block_while_it_is_allocated() -> None:
     pid = os.getpid()
     idle = _status_field(pid, "VmData")
     with _DataPeak(pid, interval_s=0.001) as peak:
-        block = bytearray(64 * MiB)  # one mmap'd block: VmData grows at once
+        # A private mapping of its own: VmData grows at once. A bytearray may come from memory
+        # malloc already holds (the worker's earlier tests freed it) and VmData does not move;
+        # a shared mapping (mmap's default) is not counted in VmData at all.
+        block = mmap.mmap(-1, 64 * MiB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         deadline = time.monotonic() + 30
         while peak.peak < idle + 64 * MiB and time.monotonic() < deadline:
             time.sleep(0.001)
-        del block
+        block.close()
     assert peak.peak >= idle + 64 * MiB
 
 

@@ -5,7 +5,8 @@ On the cores the server is given (issue 30), for EfficientNet-Lite0 to split 9 o
 
 * the ceilings, measured in this process on one thread of one of the server's cores and scaled
   by the cores: the decode (fast path and the previous PIL path), the head's forward at the COS
-  batch (contiguous and ``channels_last``), the Swift read of the shard; the roofline is the
+  batch (contiguous, ``channels_last``, and as the server runs it: batch norms folded, in the
+  layout and slices it measures), the Swift read of the shard; the roofline is the
   cores over the CPU seconds one image needs (decode + head: both share the same cores),
   bounded by the read (:func:`hapi_core.roofline.roofline_images_per_s`, which the server's
   ``/metrics`` ratio uses too);
@@ -54,8 +55,13 @@ CONTAINER = "bench-roofline"
 ONE_SHARD = 10_000
 #: The previous server, selectable by its settings: PIL, no decode threads, contiguous heads.
 PATHS: dict[str, dict[str, object]] = {
-    "new": {"decode_path": "fast", "channels_last": True},
-    "old": {"decode_path": "pil", "decode_threads": 0, "channels_last": False},
+    "new": {"decode_path": "fast", "channels_last": True, "fold_batch_norms": True},
+    "old": {
+        "decode_path": "pil",
+        "decode_threads": 0,
+        "channels_last": False,
+        "fold_batch_norms": False,
+    },
 }
 GOALS = {"roofline_ratio": 0.9, "new_over_old": 2.0}
 
@@ -114,12 +120,20 @@ def measure_stages(
         x = transform.decode_batch(images)
         x = x.repeat((batch + len(x) - 1) // len(x), 1, 1, 1)[:batch]
         last = x.contiguous(memory_format=torch.channels_last)
+        # As the server runs it: batch norms folded, the layout and slice size it measures.
+        folded = hapi_models.BatchNormFolder().layers(model.layers[:SPLIT], x)
+        chooser = hapi_models.LayoutChooser()
+        chooser.forward(ARCH, folded, x)
         heads = _best_per_item(
-            {"head_contiguous_s": lambda: head(x), "head_channels_last_s": lambda: head(last)},
+            {
+                "head_contiguous_s": lambda: head(x),
+                "head_channels_last_s": lambda: head(last),
+                "head_new_s": lambda: chooser.forward(ARCH, folded, x),
+            },
             batch,
             repeats,
         )
-    return {**decode, **heads}
+    return {**decode, **heads, "head_new_chunk": float(chooser.chunk(ARCH) or batch)}
 
 
 def feature_difference(images: Sequence[bytes]) -> float:
@@ -143,7 +157,10 @@ def _print_stages(stages: dict[str, float], cores: int) -> None:
         f"{stages['decode_pil_s'] / stages['decode_fast_s']:.2f}x); head {ARCH}:{SPLIT} at batch "
         f"{BATCH} {stages['head_contiguous_s'] * 1e3:.2f} ms/image contiguous, "
         f"{stages['head_channels_last_s'] * 1e3:.2f} ms/image channels_last "
-        f"({stages['head_contiguous_s'] / stages['head_channels_last_s']:.2f}x); x {cores} core(s)",
+        f"({stages['head_contiguous_s'] / stages['head_channels_last_s']:.2f}x), "
+        f"{stages['head_new_s'] * 1e3:.2f} ms/image as the server runs it (batch norms folded, "
+        f"{stages['head_new_chunk']:.0f} per forward: "
+        f"{stages['head_contiguous_s'] / stages['head_new_s']:.2f}x); x {cores} core(s)",
         flush=True,
     )
 
@@ -253,7 +270,7 @@ def run_roofline(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
                 measured[name] = row
     _print_stages(stages, cores)
     decode_cpu = stages["decode_fast_s"]
-    head_cpu = min(stages["head_contiguous_s"], stages["head_channels_last_s"])
+    head_cpu = stages["head_new_s"]
     read = measured["new"]["read_images_per_s"]
     roofline = roofline_images_per_s(cores, decode_cpu, head_cpu, read_images_per_s=read)
     old_roofline = roofline_images_per_s(

@@ -66,6 +66,8 @@ _STATE_VERSION = 1
 #: must not be slower here (issue 30). Kept in the process and on disk, not in the module: a
 #: LocalModel stays a plain nn.Module that copies and pickles.
 _LAYOUTS = hapi_models.LayoutChooser(persist=True)
+#: Its frozen layers with their batch norms folded, as the server folds its heads.
+_FOLDER = hapi_models.BatchNormFolder()
 
 
 class LocalModel(nn.Module):
@@ -115,15 +117,13 @@ class LocalModel(nn.Module):
 def _run_frozen(
     arch: str, split: int, freeze: int, layers: nn.ModuleList, x: torch.Tensor
 ) -> torch.Tensor:
-    """Layers ``[split, freeze)`` over ``x`` in the layout that measured faster on this device
-    (``channels_last`` or not; :class:`hapi_models.LayoutChooser`); the trainable layers after
+    """Layers ``[split, freeze)`` over ``x``, their batch norms folded
+    (:class:`hapi_models.BatchNormFolder`), in the layout that measured faster on this device
+    (``channels_last`` or not, and the samples per forward; :class:`hapi_models.LayoutChooser`);
+    the trainable layers after
     them get a contiguous input, so that their training runs the kernels it always ran."""
 
-    def head(t: torch.Tensor) -> torch.Tensor:
-        for layer in layers:
-            t = layer(t)
-        return t
-
+    head = _FOLDER.layers(layers, x)
     key = ("client-frozen", arch, split, freeze, tuple(x.shape[1:]), str(x.device))
     return _LAYOUTS.forward(key, head, x).contiguous()
 

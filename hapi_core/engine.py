@@ -110,6 +110,8 @@ class ExtractionJob:
     decode_path: hapi_models.DecodePath = "fast"
     layouts: hapi_models.LayoutChooser | None = None
     """The host's layout choices (None: the head runs on a contiguous input)."""
+    folder: hapi_models.BatchNormFolder | None = None
+    """The host's heads with their batch norms folded (None: the layers as built)."""
     decode_timeout_s: float = 600.0
     """Longest wait for one image's decode (a bound, never reached by a healthy pool)."""
     token: object = field(default_factory=object)
@@ -214,19 +216,9 @@ def iter_frames(job: ExtractionJob, stats: JobStats) -> Generator[bytes, None, N
     (:func:`run_extraction`), the Swift filter each step in the proxy's thread pool. The
     decode of the next batch is in the pool while a step runs and after it yields.
     """
-    head = job.model.head(job.split)
     device = job.device.torch_device
     key = (job.model.arch, job.split, tuple(job.transform.input_shape))
-    step = _Step(
-        head,
-        job.transform,
-        job.labels,
-        job.encoder,
-        job.batch_size,
-        device,
-        job.layouts,
-        (*key, str(device)),
-    )
+    step: _Step | None = None
     sample_bytes = 4 * math.prod(job.transform.input_shape)  # the float32 input batch
     pool = job.decode_pool or _INLINE
     token = job.token
@@ -250,6 +242,19 @@ def iter_frames(job: ExtractionJob, stats: JobStats) -> Generator[bytes, None, N
                 raise BatchExecutionError(str(exc)) from exc
             stats.decode_s += time.perf_counter() - t0
             stats.decode_cpu_s += sum(current.cpu_s)
+            if step is None:
+                # Before the memory is measured: the folds' probe and copies are the host's,
+                # made once, and the measuring hooks go on the layers that run.
+                step = _Step(
+                    _head(job, decoded),
+                    job.transform,
+                    job.labels,
+                    job.encoder,
+                    job.batch_size,
+                    device,
+                    job.layouts,
+                    (*key, str(device)),
+                )
             if job.device.is_cuda:
                 torch.cuda.reset_peak_memory_stats(device)
                 base = torch.cuda.memory_allocated(device)
@@ -258,7 +263,7 @@ def iter_frames(job: ExtractionJob, stats: JobStats) -> Generator[bytes, None, N
             probe_samples = 0 if job.device.is_cuda or measured else done
             with ExitStack() as stack:
                 reading = stack.enter_context(
-                    job.host_memory.measure(key, probe_samples, done * sample_bytes, head)
+                    job.host_memory.measure(key, probe_samples, done * sample_bytes, step.head)
                 )
                 # Inside the measured window: the next batch's decode buffers coexist with
                 # this batch's forward pass, and the planner's correction must see them.
@@ -285,6 +290,18 @@ def iter_frames(job: ExtractionJob, stats: JobStats) -> Generator[bytes, None, N
         pool.cancel(token, left, job.decode_timeout_s)
         if job.roofline is not None:
             job.roofline.finish(job.device.name, job.request_id, stats, on_cores)
+
+
+def _head(job: ExtractionJob, decoded: torch.Tensor) -> torch.nn.Module:
+    """The job's head as it runs: its layers with their batch norms folded where the host
+    folds them (the first samples of ``decoded``, the job's first batch, make missing folds)."""
+    if job.folder is None or not job.folder.enabled:
+        return job.model.head(job.split)
+    probe = decoded[:1].to(job.device.torch_device)
+    if probe.dtype == torch.uint8:
+        probe = job.transform.normalize(probe)
+    with torch.inference_mode():
+        return job.folder.layers(job.model.layers[: job.split], probe)
 
 
 @dataclass(frozen=True)

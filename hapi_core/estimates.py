@@ -45,12 +45,16 @@ class ModelFootprint:
     """What a model of one architecture and class count weighs, known before it is built."""
 
     resident_bytes: int
-    """Parameters and buffers once loaded (what the weights cache counts)."""
+    """Parameters and buffers once loaded, with :attr:`folded_bytes` (what the weights cache
+    counts)."""
     state_bytes: int
     """The tensors of its state dict, as ``hapi_models.weights_to_bytes`` writes them."""
     state_key_bytes: int
     """The UTF-8 length of every state-dict key together (they fill a safetensors header)."""
     num_tensors: int
+    folded_bytes: int = 0
+    """The folded copies of its convolutions that a batch norm follows, which a host folding
+    its heads (``fold_batch_norms``) holds beside the model once every split has run."""
 
 
 @functools.lru_cache(maxsize=256)
@@ -62,18 +66,34 @@ def model_footprint(arch: str, num_classes: int) -> ModelFootprint:
     A RegNet cannot be built on the meta device (see ``hapi_models.zoo.graph_families``) and
     costs its CPU build once per class count.
     """
+    spec = hapi_models.get_spec(arch)
     with torch.device("meta"):
-        skeleton = hapi_models.get_spec(arch).builder(num_classes, False)
+        skeleton = spec.builder(num_classes, False)
     resident = sum(p.numel() * p.element_size() for p in skeleton.parameters()) + sum(
         b.numel() * b.element_size() for b in skeleton.buffers()
     )
+    folded = _folded_bytes(skeleton, spec.transform.input_shape)
     state = skeleton.state_dict()
     return ModelFootprint(
-        resident_bytes=resident,
+        resident_bytes=resident + folded,
+        folded_bytes=folded,
         state_bytes=sum(t.numel() * t.element_size() for t in state.values()),
         state_key_bytes=sum(len(k.encode()) for k in state),
         num_tensors=len(state),
     )
+
+
+def _folded_bytes(skeleton: hapi_models.SplittableModel, input_shape: tuple[int, ...]) -> int:
+    """The bytes of every layer's folded convolutions, from a pass of the skeleton's device
+    (meta: nothing computed); a network that cannot run there counts all its convolutions."""
+    skeleton.eval()
+    x = torch.empty((1, *input_shape), device=next(skeleton.parameters()).device)
+    try:
+        return hapi_models.folded_parameter_bytes(list(skeleton.layers), x)
+    except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
+        log.debug("folded bytes of %s from its convolutions: %s", skeleton.arch, exc)
+        convs = [m for m in skeleton.modules() if isinstance(m, torch.nn.Conv2d)]
+        return sum((m.weight.numel() + m.out_channels) * m.weight.element_size() for m in convs)
 
 
 class MemoryEstimator:

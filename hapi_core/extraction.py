@@ -307,7 +307,9 @@ def load_planned(
         # Another request may have loaded the same blob meanwhile: keep one copy, the cached.
         entry = rt.weights.lookup(plan.key)
         if entry is None or entry.etag != blob.etag:
-            entry = rt.weights.insert(plan.key, model, blob.etag)
+            folded = model_footprint(ref.arch, ref.num_classes).folded_bytes
+            extra = folded if rt.settings.fold_batch_norms else 0
+            entry = rt.weights.insert(plan.key, model, blob.etag, extra)
     rt.weights.acquire(entry)
     plan.entry = entry
     # The model is resident now (the cache counts it) and the load's copies are gone.

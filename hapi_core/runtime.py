@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 import torch
-from hapi_models import LayoutChooser
+from hapi_models import BatchNormFolder, LayoutChooser
 
 from .adaptation import DeviceScheduler, Timers
 from .decode_pool import DecodePool, available_cores, split_threads
@@ -46,6 +46,8 @@ class CoreRuntime:
     """The threads that decode every request's next COS batch (none: each job decodes)."""
     layouts: LayoutChooser = field(default_factory=LayoutChooser)
     """Whether each head runs faster on a channels_last input, measured once."""
+    folder: BatchNormFolder = field(default_factory=lambda: BatchNormFolder(False))
+    """Each head's layers with their batch norms folded into the convolutions, made once."""
     features: FeatureStore = field(default_factory=lambda: FeatureStore(0, None, None))
     """Computed features shared between requests (off unless ``feature_store_bytes``)."""
     roofline: RooflineMeter | None = None
@@ -98,13 +100,14 @@ class CoreRuntime:
             schedulers[device.name] = sched
         log.info(
             "HAPI devices: %s; %d core(s): %d decode thread(s), %d torch thread(s); decode %s, "
-            "channels_last %s",
+            "channels_last %s, batch norms %s",
             ", ".join(f"{d.name} ({d.total_bytes / 2**30:.1f} GiB)" for d in devices),
             cores,
             decode_threads,
             torch_threads,
             settings.decode_path,
             "where faster" if settings.channels_last else "off",
+            "folded" if settings.fold_batch_norms else "as built",
         )
         return cls(
             settings=settings,
@@ -118,6 +121,7 @@ class CoreRuntime:
             ),
             decode_pool=DecodePool(decode_threads),
             layouts=LayoutChooser(settings.channels_last, persist=True),
+            folder=BatchNormFolder(settings.fold_batch_norms),
             roofline=RooflineMeter(metrics, decode_threads + torch_threads),
             **extra,
         )
@@ -128,6 +132,7 @@ class CoreRuntime:
             "decode_pool": self.decode_pool,
             "decode_path": self.settings.decode_path,
             "layouts": self.layouts,
+            "folder": self.folder,
             "roofline": self.roofline,
         }
 

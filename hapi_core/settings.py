@@ -76,6 +76,11 @@ class CoreSettings(BaseModel):
         description="run each head on a channels_last input where that measured faster "
         "(once per architecture, split, input shape and device)",
     )
+    fold_batch_norms: bool = Field(
+        True,
+        description="fold each batch norm that follows a convolution into it, in the heads "
+        "this host runs (once per layer; features equal to float rounding)",
+    )
     allow_tf32: bool = Field(
         False,
         description="let a GPU run float32 convolutions and matmuls in TF32 (faster, ~1e-3 "

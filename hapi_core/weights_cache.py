@@ -86,10 +86,15 @@ class WeightsCache:
             self._entries.move_to_end(key)
         return entry
 
-    def insert(self, key: CacheKey, model: hapi_models.SplittableModel, etag: str) -> CachedModel:
+    def insert(
+        self, key: CacheKey, model: hapi_models.SplittableModel, etag: str, extra_bytes: int = 0
+    ) -> CachedModel:
+        """``extra_bytes``: what the model's entry holds beside its tensors (the folded copies of
+        its heads' convolutions), counted with them."""
         nbytes = sum(p.numel() * p.element_size() for p in model.parameters()) + sum(
             b.numel() * b.element_size() for b in model.buffers()
         )
+        nbytes += extra_bytes
         entry = CachedModel(key, model, etag, nbytes)
         self._entries[key] = entry
         return entry

@@ -34,6 +34,7 @@ from .finetune import (
     train_batches,
     train_step,
 )
+from .folding import BatchNormFolder, fold_batch_norms, folded_parameter_bytes
 from .graph_split import GraphLayers, split_graph
 from .layout import LayoutChooser, to_layout
 from .listing import Listing, ModelListing, describe_model, describe_models
@@ -91,6 +92,7 @@ __all__ = [
     "named_errors",
     "LayerProfile",
     "LayoutChooser",
+    "BatchNormFolder",
     "ModelProfile",
     "ModelSpec",
     "PluginError",
@@ -122,6 +124,8 @@ __all__ = [
     "split_points",
     "thesis_models",
     "to_layout",
+    "fold_batch_norms",
+    "folded_parameter_bytes",
     "torchvision_weights",
     "weights_to_bytes",
 ]

@@ -94,6 +94,9 @@ decode_path                 fast         fast: libjpeg-turbo into uint8 and batc
 channels_last               true         run each head on a channels_last input where that measured
                                          faster (once per architecture, split, input shape and
                                          device)
+fold_batch_norms            true         fold each batch norm that follows a convolution into it, in
+                                         the heads this host runs (once per layer; features equal to
+                                         float rounding)
 allow_tf32                  false        let a GPU run float32 convolutions and matmuls in TF32
                                          (faster, ~1e-3 relative error): off, a float32 request gets
                                          float32 features that the client's own layers reproduce to

@@ -3,6 +3,7 @@ tolerance (a different kernel, not a different function)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +13,7 @@ import hapi_models
 import pytest
 import torch
 from hapi_models import layout, listing_cache
-from hapi_models.layout import LayoutChooser, to_layout
+from hapi_models.layout import LayoutChooser, run_in_chunks, to_layout
 
 # Convolutions reordered for another layout round differently; features agree to float32 noise.
 CLOSE: dict[str, Any] = {"rtol": 1e-4, "atol": 1e-4}
@@ -203,7 +204,96 @@ def test_a_large_first_batch_is_timed_on_a_probe_and_run_once_in_the_kept_layout
     chooser = LayoutChooser()
     x = torch.arange(20 * 3 * 4 * 4, dtype=torch.float32).reshape(20, 3, 4, 4)
     assert chooser.forward("k", head, x).equal(x * 2)
-    kept = chooser.known("k")
+    kept, chunk = chooser.known("k"), chooser.chunk("k")
     probe = layout.PROBE_SAMPLES
     assert sizes[:4] == [(probe, False), (probe, False), (probe, True), (probe, True)]
-    assert sizes[4:] == [(20, kept)]
+    final = [(len(part), kept) for part in x.split(chunk or len(x))]
+    assert sizes[-len(final) :] == final
+    assert all(n <= probe for n, _ in sizes[: -len(final)])  # the slices timed on the probe
+
+
+# The slice size per forward (CPU): a head's activations outgrow the caches as the batch grows.
+
+
+def _chunk_timings(monkeypatch: pytest.MonkeyPatch, fastest: int | None) -> list[int]:
+    """Both layouts alike; a forward of ``fastest`` samples 4x faster per sample than others."""
+    timed: list[int] = []
+
+    def fake(
+        head: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
+    ) -> tuple[float, torch.Tensor]:
+        sizes: list[int] = []
+
+        def recording(t: torch.Tensor) -> torch.Tensor:
+            sizes.append(len(t))
+            return _double(t)
+
+        y = head(x) if head is _double else _with(head, recording)(x)
+        timed.append(1)
+        per_sample = 0.25 if sizes and set(sizes) == {fastest} else 1.0
+        return per_sample * len(x), y
+
+    monkeypatch.setattr(layout, "_timed", fake)
+    return timed
+
+
+def _with(
+    chunked: Callable[[torch.Tensor], torch.Tensor], head: Callable[[torch.Tensor], torch.Tensor]
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``chunked`` (a partial of run_in_chunks over the chooser's head) over ``head`` instead."""
+    assert isinstance(chunked, functools.partial)
+    return functools.partial(chunked.func, head, *chunked.args[1:], **chunked.keywords)
+
+
+BATCH = torch.arange(20 * 3 * 2 * 2, dtype=torch.float32).reshape(20, 3, 2, 2)
+
+
+def test_a_cpu_head_runs_in_the_slices_that_timed_fastest_and_a_restart_keeps_them(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _chunk_timings(monkeypatch, fastest=2)
+    chooser = LayoutChooser(persist=True)
+    assert chooser.forward(KEY, _double, BATCH).equal(BATCH * 2)
+    assert chooser.chunk(KEY) == 2
+    sizes: list[int] = []
+
+    def head(x: torch.Tensor) -> torch.Tensor:
+        sizes.append(len(x))
+        return x * 2
+
+    timed = _chunk_timings(monkeypatch, fastest=4)
+    restarted = LayoutChooser(persist=True)
+    assert restarted.forward(KEY, head, BATCH).equal(BATCH * 2)
+    assert timed == [] and restarted.chunk(KEY) == 2 and sizes == [2] * 10
+
+
+def test_no_slice_that_wins_by_the_margin_keeps_the_batch_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _chunk_timings(monkeypatch, fastest=None)
+    chooser = LayoutChooser()
+    chooser.forward(KEY, _double, BATCH)
+    assert chooser.known(KEY) is not None and chooser.chunk(KEY) is None
+
+
+def test_a_kept_choice_with_a_bad_slice_size_is_timed_again(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _chunk_timings(monkeypatch, fastest=2)
+    LayoutChooser(persist=True).forward(KEY, _double, BATCH)
+    for path in cache.glob("*.json"):
+        path.write_text(path.read_text().replace('"chunk": 2', '"chunk": 0'))
+    timed = _chunk_timings(monkeypatch, fastest=2)
+    again = LayoutChooser(persist=True)
+    again.forward(KEY, _double, BATCH)
+    assert timed and again.chunk(KEY) == 2
+
+
+@pytest.mark.parametrize(("arch", "split"), [("efficientnet_lite0", 9), ("resnet18", 6)])
+def test_a_head_in_slices_gives_the_batchs_features(arch: str, split: int) -> None:
+    torch.manual_seed(0)
+    head = hapi_models.get_model(arch, num_classes=10).eval().head(split)
+    x = torch.randn(6, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        torch.testing.assert_close(run_in_chunks(head, x, 4), head(x), **CLOSE)
+        assert run_in_chunks(head, x, None).equal(head(x))

@@ -37,7 +37,12 @@ from hapi_stack._stack import (
     status,
     up,
 )
-from hapi_stack._threads import SHARED_HOST_THREADS, shared_host_env
+from hapi_stack._threads import (
+    HOST_ALLOCATOR,
+    SHARED_HOST_ENV,
+    SHARED_HOST_THREADS,
+    shared_host_env,
+)
 from hapi_stack.errors import (
     MissingBinaryError,
     PortInUseError,
@@ -53,6 +58,8 @@ __all__ = [
     "PORT_SETTINGS",
     "PROXY_PIPELINE",
     "PUBLIC_PORT_SETTINGS",
+    "HOST_ALLOCATOR",
+    "SHARED_HOST_ENV",
     "SHARED_HOST_THREADS",
     "WILDCARD_HOST",
     "MissingBinaryError",

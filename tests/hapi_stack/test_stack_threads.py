@@ -1,4 +1,5 @@
-"""The stack's torch processes share the host's cores: their OpenMP threads wait passively."""
+"""The stack's torch processes share the host's cores: their OpenMP threads wait passively, and
+their malloc maps its blocks on transparent huge pages."""
 
 from __future__ import annotations
 
@@ -8,12 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from hapi_stack import SHARED_HOST_THREADS, StackConfig, shared_host_env, stack_services
+from hapi_stack import (
+    HOST_ALLOCATOR,
+    SHARED_HOST_ENV,
+    StackConfig,
+    shared_host_env,
+    stack_services,
+)
 
 
 def test_the_shared_host_settings_keep_what_the_user_set() -> None:
-    assert shared_host_env({}) == dict(SHARED_HOST_THREADS)
-    assert shared_host_env({"OMP_WAIT_POLICY": "ACTIVE"}) == {}
+    assert shared_host_env({}) == dict(SHARED_HOST_ENV)
+    assert "OMP_WAIT_POLICY" not in shared_host_env({"OMP_WAIT_POLICY": "ACTIVE"})
+    assert "GLIBC_TUNABLES" not in shared_host_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=1"})
 
 
 def test_the_proxy_and_the_hapi_server_get_them(
@@ -51,3 +59,46 @@ def test_the_hapi_command_sets_them_before_its_handlers_import_torch() -> None:
         check=False,
     )
     assert out.stdout.strip().splitlines()[-1] == "PASSIVE", out.stderr
+
+
+def _thp_mode() -> str:
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return "never"
+    return text.split("[", 1)[1].split("]", 1)[0] if "[" in text else "never"
+
+
+@pytest.mark.skipif(_thp_mode() == "never", reason="this kernel gives no transparent huge pages")
+def test_a_process_with_the_allocator_setting_maps_large_blocks_on_huge_pages() -> None:
+    """A 64 MiB block (mmap'd, as every block from 1 MiB is on a host) touched whole: its
+    anonymous memory is on huge pages with the setting (on a kernel that gives them when asked)."""
+    code = (
+        "import ctypes, sys\n"
+        "libc = ctypes.CDLL(None)\n"
+        "libc.malloc.restype = ctypes.c_void_p\n"
+        "n = 64 << 20\n"
+        "p = libc.malloc(n)\n"
+        "ctypes.memset(p, 1, n)\n"
+        "huge = 0\n"
+        "for line in open('/proc/self/smaps_rollup'):\n"
+        "    if line.startswith('AnonHugePages:'):\n"
+        "        huge = int(line.split()[1])\n"
+        "print(huge)\n"
+    )
+
+    def huge_kib(env: dict[str, str]) -> int:
+        out = subprocess.run(  # noqa: S603
+            [sys.executable, "-c", code],
+            env={"PATH": "/usr/bin:/bin", **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        return int(out.stdout.strip())
+
+    with_setting = huge_kib(dict(HOST_ALLOCATOR))
+    assert with_setting >= 32 << 10, with_setting  # at least half the block, in KiB
+    if _thp_mode() == "madvise":  # only asked-for memory gets them: without, none
+        assert huge_kib({}) == 0

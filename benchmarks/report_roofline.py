@@ -30,8 +30,8 @@ def _setup(results: ResultSet) -> str:
         "per path (the server's own clock); the ceilings are the server's cores over one image's "
         "CPU seconds in each stage, timed on one thread of a server core in a process set up as "
         "that path's server (its allocator bounds and glibc tunables; the best of the rounds), "
-        "the roofline the cores over decode + head, bounded by the Swift read."
-        + load_when_begun(meta)
+        "the roofline the cores over the seconds of decode + head + the Swift read (Swift runs on "
+        "the server's cores)." + load_when_begun(meta)
     )
 
 

@@ -3,7 +3,8 @@
 A host turns images into features with two stages that share its cores: the decode and the
 head (issue 30). Its ceiling is what the cores can do when neither ever waits for the other:
 the cores over the CPU seconds one image needs, decode plus head (on a CPU both run on the
-same cores), bounded by the Swift read when one is measured. With the head on a GPU only the
+same cores), bounded by the Swift read when one is measured (or, where Swift runs on the same
+cores, with the read's seconds added: a request reads its shard before it computes). With the head on a GPU only the
 decode is on the cores, and the ceiling is the slower of the two stages instead.
 
 One definition serves two readers:
@@ -43,16 +44,24 @@ def roofline_images_per_s(
     *,
     head_on_cores: bool = True,
     read_images_per_s: float | None = None,
+    read_on_cores: bool = False,
 ) -> float:
     """The most images/s ``cores`` can give, from the seconds per image of one thread's decode
     (``decode_s``) and of the head (``head_s``: CPU seconds on the cores, or the device's
-    seconds when ``head_on_cores`` is false), bounded by ``read_images_per_s`` when given."""
+    seconds when ``head_on_cores`` is false), bounded by ``read_images_per_s`` when given.
+
+    ``read_on_cores``: Swift runs on the same cores (a one-host stack), so its read takes their
+    time too: its seconds per image add to the compute's rather than bounding it apart."""
     if head_on_cores:
         ceiling = cores / (decode_s + head_s) if decode_s + head_s > 0 else math.inf
     else:
         decode = cores / decode_s if decode_s > 0 else math.inf
         ceiling = min(decode, 1 / head_s if head_s > 0 else math.inf)
-    return ceiling if read_images_per_s is None else min(ceiling, read_images_per_s)
+    if read_images_per_s is None:
+        return ceiling
+    if read_on_cores:
+        return 1 / (1 / ceiling + 1 / read_images_per_s)
+    return min(ceiling, read_images_per_s)
 
 
 class RooflineMeter:

@@ -28,6 +28,12 @@ def test_on_a_cpu_decode_and_head_share_the_cores() -> None:
     assert roofline_images_per_s(2, 0.005, 0.015, read_images_per_s=40.0) == 40.0
 
 
+def test_a_read_on_the_same_cores_adds_its_seconds() -> None:
+    # 10 ms per image of compute on the cores, then 2.5 ms of Swift's read on them: 80 images/s.
+    ceiling = roofline_images_per_s(2, 0.005, 0.015, read_images_per_s=400.0, read_on_cores=True)
+    assert ceiling == pytest.approx(80.0)
+
+
 def test_with_the_head_on_a_gpu_the_slower_stage_bounds() -> None:
     assert roofline_images_per_s(4, 0.004, 0.002, head_on_cores=False) == pytest.approx(500.0)
     assert roofline_images_per_s(4, 0.001, 0.002, head_on_cores=False) == pytest.approx(500.0)

@@ -38,7 +38,7 @@ client's wire at split 0, the server's stage at the others), whatever the link's
 
 The split with the smallest predicted time wins. Among splits within 2 % of it, which a
 prediction cannot tell apart, the one that ships the fewest bytes wins (fewer bytes leave more
-of a shared link to others), and where their bytes are the same, the fastest. The explanation
+of a shared link to others), and where their bytes are the same (within 1 %), the fastest. The explanation
 prints the figure ranked (the job's, an epoch's or an iteration's) and says so when the tie rule
 overruled the fastest. Unpacking frames on the client (zstd, float16 to float32) is not
 counted: it runs at gigabytes per second, far below the other stages.
@@ -66,6 +66,9 @@ log = logging.getLogger(__name__)
 
 #: Splits predicted within this factor of the fastest count as equally fast.
 TIE_TOLERANCE = 1.02
+#: Wire bytes within this factor of the fewest count as the same: the demo's splits 8 and 9
+#: shipped 1.23 MB each, a few hundred bytes apart, and the slower one won on them.
+SAME_BYTES = 1.01
 
 
 @dataclass(frozen=True)
@@ -313,7 +316,9 @@ def choose_split_by_time(
     near = [t for t in times if differing(t) <= differing(fastest) * TIE_TOLERANCE]
     # Among splits a prediction cannot tell apart, the one shipping the fewest bytes leaves
     # more of a shared link to others; where the bytes are the same, the fastest stays.
-    winner = min(near, key=lambda t: (t.wire_bytes, predicted(t), t.split))
+    fewest = min(t.wire_bytes for t in near)
+    lean = [t for t in near if t.wire_bytes <= fewest * SAME_BYTES]
+    winner = min(lean, key=lambda t: (predicted(t), t.split))
     if job is not None:
         over = job.describe()
     elif iterations is None:
@@ -327,8 +332,9 @@ def choose_split_by_time(
             f"; runner-up {fastest.describe(iterations, job)}, predicted {gain:.1%} faster"
             f"{' (planning aside, which every split shares)' if shared_s else ''}: "
             f"within the {TIE_TOLERANCE - 1:.0%} a prediction cannot tell apart, and it ships "
-            f"more bytes ({fastest.wire_bytes / 1e6:.2f} MB against "
-            f"{winner.wire_bytes / 1e6:.2f} MB per iteration): the one shipping fewer bytes wins"
+            f"{fastest.wire_bytes / winner.wire_bytes - 1:.0%} more bytes "
+            f"({fastest.wire_bytes / 1e6:.3f} MB against {winner.wire_bytes / 1e6:.3f} MB per "
+            "iteration): the one shipping fewer bytes wins"
         )
     else:
         others = sorted((t for t in times if t.split != winner.split), key=predicted)

@@ -200,7 +200,20 @@ def test_the_tie_rule_is_stated_as_applied() -> None:
     assert "runner-up split 2: 0.200 s per epoch" in d.reason
     assert "predicted 0.5% faster" in d.reason
     assert "the one shipping fewer bytes wins" in d.reason
-    assert "0.02 MB against 0.01 MB" in d.reason
+    assert "100% more bytes (0.020 MB against 0.010 MB" in d.reason
+
+
+def test_bytes_within_a_percent_are_the_same_and_the_faster_wins() -> None:
+    """The demo's splits 8 and 9 shipped 1.23 MB each, a few hundred bytes apart: the slower one
+    won "on fewer bytes" (issue 31). Within 1 % of each other the bytes are the same."""
+    server = ServerCosts(
+        decode_s=0.0, layer_s=[0.0, 0.0], encode_s=[0.0, 0.0], wire_bytes=[1e3, 1.005e3]
+    )
+    client = ClientCosts(decode_s=1.0, layer_s=[0.0, 0.0051], train_s=0.01, step_s=0.0)
+    d = choose_split_by_time(server, client, 1e5, 10, 200_000.0, 2, iterations=1)
+    times = {t.split: t for t in d.predictions}
+    assert times[2].epoch_s(1) < times[1].epoch_s(1)
+    assert d.split_index == 2 and "fewer bytes" not in d.reason
 
 
 def test_planning_every_split_shares_does_not_widen_the_tie_band() -> None:

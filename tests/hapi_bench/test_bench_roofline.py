@@ -24,6 +24,7 @@ def test_the_stages_are_timed_per_image_for_both_paths(photos: list[bytes]) -> N
         "head_channels_last_s",
         "head_new_s",
         "head_new_chunk",
+        "head_new_last",
     }
     assert all(0 < seconds < 60 for seconds in stages.values())
 

@@ -45,7 +45,7 @@ def test_the_choice_is_measured_once_per_key_and_kept() -> None:
     assert chooser.forward("k", head, x).equal(x * 2)
     assert chooser.known("k") in (True, False)
     measured = len(calls)
-    assert measured == 4  # two runs per layout
+    assert measured == 2 * (1 + layout._TIMED_RUNS)  # a warm-up and the timed runs per layout
     chooser.forward("k", head, x)
     assert len(calls) == measured + 1
 
@@ -206,7 +206,8 @@ def test_a_large_first_batch_is_timed_on_a_probe_and_run_once_in_the_kept_layout
     assert chooser.forward("k", head, x).equal(x * 2)
     kept, chunk = chooser.known("k"), chooser.chunk("k")
     probe = layout.PROBE_SAMPLES
-    assert sizes[:4] == [(probe, False), (probe, False), (probe, True), (probe, True)]
+    runs = 1 + layout._TIMED_RUNS
+    assert sizes[: 2 * runs] == [(probe, False)] * runs + [(probe, True)] * runs
     final = [(len(part), kept) for part in x.split(chunk or len(x))]
     assert sizes[-len(final) :] == final
     assert all(n <= probe for n, _ in sizes[: -len(final)])  # the slices timed on the probe

@@ -94,10 +94,10 @@ def folded_parameter_bytes(layers: Sequence[nn.Module], x: torch.Tensor) -> int:
     their folded convolutions' weights and biases. Layers and ``x`` may be on the meta device,
     where nothing is computed."""
     total = 0
-    for layer in layers:
-        pairs, x = _conv_norm_pairs(layer, x)
+    for _key, unit in _units(layers):
+        pairs, x = _conv_norm_pairs(unit, x)
         for conv_name, _norm in pairs:
-            conv = layer.get_submodule(conv_name)
+            conv = unit.get_submodule(conv_name)
             assert isinstance(conv, nn.Conv2d)
             total += (conv.weight.numel() + conv.out_channels) * conv.weight.element_size()
     return total
@@ -121,14 +121,16 @@ class BatchNormFolder:
         self._folded: weakref.WeakKeyDictionary[nn.Module, _Folded] = weakref.WeakKeyDictionary()
 
     def layers(self, layers: Sequence[nn.Module], x: torch.Tensor) -> nn.Sequential:
-        """``layers`` in a row, each folded where it can be; ``x``: their input batch, whose
-        first sample makes the folds a layer lacks."""
+        """``layers`` in a row, each folded where it can be (a convolution layer and the norm
+        layer after it together); ``x``: their input batch, whose first sample makes the folds
+        a layer lacks."""
         if not self.enabled:
             return nn.Sequential(*layers)
         out: list[nn.Module] = []
         probe: torch.Tensor | None = None
-        for i, layer in enumerate(layers):
-            folded = self._kept(layer)
+        units = _units(layers)
+        for i, (key, unit) in enumerate(units):
+            folded = self._kept(key, unit)
             if folded is None:
                 if probe is None:
                     # The sample through the layers before this one, as they now run.
@@ -136,27 +138,48 @@ class BatchNormFolder:
                     with torch.no_grad():
                         for before in out:
                             probe = before(probe)
-                folded = self._fold(layer, probe)
+                folded = self._fold(key, unit, probe)
             out.append(folded)
-            if probe is not None and i + 1 < len(layers):
+            if probe is not None and i + 1 < len(units):
                 with torch.no_grad():
                     probe = folded(probe)
         return nn.Sequential(*out)
 
-    def _kept(self, layer: nn.Module) -> nn.Module | None:
+    def _kept(self, key: nn.Module, unit: nn.Module) -> nn.Module | None:
         with self._lock:
-            kept = self._folded.get(layer)
-        if kept is None or kept.versions != _versions(layer) or layer.training:
+            kept = self._folded.get(key)
+        if kept is None or kept.versions != _versions(unit) or unit.training:
             return None
-        return layer if kept.layer is None else kept.layer
+        return unit if kept.layer is None else kept.layer
 
-    def _fold(self, layer: nn.Module, probe: torch.Tensor) -> nn.Module:
-        if layer.training:
-            return layer  # its batch norms normalise by the batch: nothing to fold
-        folded = fold_batch_norms(layer, probe)
+    def _fold(self, key: nn.Module, unit: nn.Module, probe: torch.Tensor) -> nn.Module:
+        if unit.training:
+            return unit  # its batch norms normalise by the batch: nothing to fold
+        folded = fold_batch_norms(unit, probe)
         with self._lock:
-            self._folded[layer] = _Folded(_versions(layer), None if folded is layer else folded)
+            self._folded[key] = _Folded(_versions(unit), None if folded is unit else folded)
         return folded
+
+
+def _units(layers: Sequence[nn.Module]) -> list[tuple[nn.Module, nn.Module]]:
+    """What is folded at once, with the module its fold is kept under: each layer alone, but a
+    convolution layer and the norm layer after it together, kept under the norm (ResNet's stem
+    is a convolution layer and a norm layer). VGG-BN's layers wrap each module in a layer of
+    its own and are not folded."""
+    units: list[tuple[nn.Module, nn.Module]] = []
+    i = 0
+    while i < len(layers):
+        layer = layers[i]
+        after = layers[i + 1] if i + 1 < len(layers) else None
+        if isinstance(layer, nn.Conv2d) and after is not None and _foldable_norm(after):
+            pair = nn.Sequential(layer, after)
+            pair.training = after.training  # its own flag only: the layers' modes stay theirs
+            units.append((after, pair))
+            i += 2
+        else:
+            units.append((layer, layer))
+            i += 1
+    return units
 
 
 def _versions(layer: nn.Module) -> tuple[int, ...]:

@@ -24,7 +24,8 @@ def _norms(module: nn.Module) -> int:
 
 
 @pytest.mark.parametrize(
-    ("arch", "split"), [("efficientnet_lite0", 9), ("resnet18", 6), ("mobilenet_v3_small", 8)]
+    ("arch", "split"),
+    [("efficientnet_lite0", 9), ("resnet18", 6), ("mobilenet_v3_small", 8)],
 )
 def test_a_folded_head_gives_the_same_features_with_fewer_norms(arch: str, split: int) -> None:
     torch.manual_seed(0)
@@ -154,3 +155,20 @@ def test_the_folded_bytes_are_the_folded_convolutions_on_the_meta_device() -> No
         ]
         x = torch.empty(1, 3, 16, 16)
     assert folded_parameter_bytes(layers, x) == (8 * 3 * 3 * 3 + 8) * 4
+
+
+def test_a_convolution_layer_and_the_norm_layer_after_it_fold_together() -> None:
+    """ResNet's stem: the convolution and its norm are layers of their own."""
+    torch.manual_seed(0)
+    layers = [nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 1)]
+    _trained_stats(nn.Sequential(*layers))
+    folder = BatchNormFolder()
+    x = _x()
+    with torch.no_grad():
+        run = folder.layers(layers, x)
+        torch.testing.assert_close(run(x), nn.Sequential(*layers)(x), **CLOSE)
+    assert _norms(run) == 0 and not layers[1].training  # the layers' own modes are untouched
+    assert folder.layers(layers, x)[0] is run[0]  # kept
+    with torch.device("meta"):
+        meta = [nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4).eval(), nn.ReLU()]
+        assert folded_parameter_bytes(meta, torch.empty(1, 3, 8, 8)) == (4 * 3 * 3 * 3 + 4) * 4

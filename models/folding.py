@@ -7,8 +7,9 @@ EfficientNet-Lite0's head to split 9 (batch 32, one thread of a 2-core AMD EPYC,
 input) the batch norms were a third of the forward's CPU time, and folding took it from 28.9 to
 18.0 ms per image (issue 30). The features are equal to float rounding (1.3e-6 relative there).
 
-Which convolution feeds which batch norm is read from a forward of one sample, not from the
-module tree: a network may call its modules in any order, and torch.fx cannot trace every
+Which convolution feeds which batch norm is read from a forward of one sample through a private
+copy of the layer (hooks on the shared modules would run in every request's forward), not from
+the module tree: a network may call its modules in any order, and torch.fx cannot trace every
 network the zoo holds (timm's ``Conv2dSame`` pads by the input's size). A pair is folded only
 when the norm's input is the very tensor the convolution returned, unmodified (its version
 counter unchanged), both ran once, the norm is in eval mode with running statistics, and the
@@ -23,7 +24,7 @@ this module. ``torch.nn.utils.fusion.fuse_conv_bn_weights`` computes the folded 
 
 A folded layer is a copy that shares every tensor of the original except the folded
 convolutions' weights and biases (so it holds at most one more copy of those), made once per
-layer and kept while the layer lives. A layer whose parameters change in place afterwards
+layer and kept while the layer lives; hooks registered on the original do not run on it. A layer whose parameters change in place afterwards
 (``load_state_dict`` copies into them) is folded again on its next use.
 """
 
@@ -53,12 +54,12 @@ def fold_batch_norms(layer: nn.Module, probe: torch.Tensor) -> nn.Module:
     """``layer`` with each batch norm that directly follows a convolution folded into it, a
     copy; ``layer`` itself when nothing folds or the folded copy's output differs. ``probe``:
     an input of ``layer`` (one sample is enough), run twice."""
-    pairs, expected = _conv_norm_pairs(layer, probe)
+    # The pairs are read from the copy, never from ``layer``: its modules are shared with every
+    # thread that runs the model, and hooks on them would fire in those threads' forwards.
+    folded = _private_copy(layer)
+    pairs, expected = _conv_norm_pairs(folded, probe)
     if not pairs:
         return layer
-    # Every tensor is shared (the memo maps each to itself) but the ones replaced below.
-    memo: dict[int, object] = {id(t): t for t in (*layer.parameters(), *layer.buffers())}
-    folded = copy.deepcopy(layer, memo)
     for conv_name, norm_name in pairs:
         conv = folded.get_submodule(conv_name)
         norm = folded.get_submodule(norm_name)
@@ -87,6 +88,24 @@ def fold_batch_norms(layer: nn.Module, probe: torch.Tensor) -> nn.Module:
         )
         return layer
     return folded
+
+
+def _private_copy(layer: nn.Module) -> nn.Module:
+    """``layer``'s modules copied, every tensor shared (the memo maps each to itself), and no
+    hook: one registered on the original meanwhile (another request's memory probe, say) must
+    not run, nor outlive its registration, on the copy."""
+    memo: dict[int, object] = {id(t): t for t in (*layer.parameters(), *layer.buffers())}
+    copied = copy.deepcopy(layer, memo)
+    for module in copied.modules():
+        for hooks in (
+            module._forward_hooks,
+            module._forward_hooks_with_kwargs,
+            module._forward_hooks_always_called,
+            module._forward_pre_hooks,
+            module._forward_pre_hooks_with_kwargs,
+        ):
+            hooks.clear()
+    return copied
 
 
 def folded_parameter_bytes(layers: Sequence[nn.Module], x: torch.Tensor) -> int:
@@ -118,6 +137,7 @@ class BatchNormFolder:
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
         self._lock = threading.Lock()
+        self._folding = threading.Lock()
         self._folded: weakref.WeakKeyDictionary[nn.Module, _Folded] = weakref.WeakKeyDictionary()
 
     def layers(self, layers: Sequence[nn.Module], x: torch.Tensor) -> nn.Sequential:
@@ -155,9 +175,15 @@ class BatchNormFolder:
     def _fold(self, key: nn.Module, unit: nn.Module, probe: torch.Tensor) -> nn.Module:
         if unit.training:
             return unit  # its batch norms normalise by the batch: nothing to fold
-        folded = fold_batch_norms(unit, probe)
-        with self._lock:
-            self._folded[key] = _Folded(_versions(unit), None if folded is unit else folded)
+        # One fold at a time: the first requests of a model arrive together, and each would
+        # copy and fold the same layers.
+        with self._folding:
+            kept = self._kept(key, unit)
+            if kept is not None:
+                return kept
+            folded = fold_batch_norms(unit, probe)
+            with self._lock:
+                self._folded[key] = _Folded(_versions(unit), None if folded is unit else folded)
         return folded
 
 

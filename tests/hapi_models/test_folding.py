@@ -172,3 +172,57 @@ def test_a_convolution_layer_and_the_norm_layer_after_it_fold_together() -> None
     with torch.device("meta"):
         meta = [nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4).eval(), nn.ReLU()]
         assert folded_parameter_bytes(meta, torch.empty(1, 3, 8, 8)) == (4 * 3 * 3 * 3 + 4) * 4
+
+
+def test_folds_made_while_other_threads_run_the_layers_leave_them_alone() -> None:
+    """The first requests of a model arrive together: some fold the layers while others run
+    them in inference mode. Seen on a server: hooks on the shared modules fired in the other
+    requests' forwards (KeyError, 'Inference tensors do not track version counter')."""
+    import threading
+
+    torch.manual_seed(0)
+    model = hapi_models.get_model("efficientnet_lite0", num_classes=10).eval()
+    layers = list(model.layers[:9])
+    folder = BatchNormFolder()
+    errors: list[BaseException] = []
+    heads: list[nn.Module] = []
+    start = threading.Barrier(4)
+
+    def fold() -> None:
+        try:
+            start.wait()
+            with torch.inference_mode():
+                heads.append(folder.layers(layers, _x(1)))
+        except BaseException as exc:  # noqa: BLE001 - the thread's failure is the test's
+            errors.append(exc)
+
+    def run() -> None:
+        try:
+            start.wait()
+            with torch.inference_mode():
+                for _ in range(3):
+                    nn.Sequential(*layers)(_x(1))
+        except BaseException as exc:  # noqa: BLE001 - the thread's failure is the test's
+            errors.append(exc)
+
+    threads = [threading.Thread(target=f) for f in (fold, fold, run, run)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    assert all(a is b for a, b in zip(heads[0], heads[1], strict=True))  # folded once
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def test_a_hook_on_the_original_does_not_run_on_the_folded_copy() -> None:
+    torch.manual_seed(0)
+    layer = _trained_stats(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()))
+    calls: list[int] = []
+    layer[2].register_forward_hook(lambda *_: calls.append(1))
+    folded = fold_batch_norms(layer, _x(1))
+    assert folded is not layer
+    calls.clear()
+    with torch.no_grad():
+        folded(_x())
+    assert calls == []

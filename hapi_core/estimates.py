@@ -45,8 +45,8 @@ class ModelFootprint:
     """What a model of one architecture and class count weighs, known before it is built."""
 
     resident_bytes: int
-    """Parameters and buffers once loaded, with :attr:`folded_bytes` (what the weights cache
-    counts)."""
+    """Parameters and buffers once loaded (what the weights cache counts, with
+    :attr:`folded_bytes` on a host that folds)."""
     state_bytes: int
     """The tensors of its state dict, as ``hapi_models.weights_to_bytes`` writes them."""
     state_key_bytes: int
@@ -75,7 +75,7 @@ def model_footprint(arch: str, num_classes: int) -> ModelFootprint:
     folded = _folded_bytes(skeleton, spec.transform.input_shape)
     state = skeleton.state_dict()
     return ModelFootprint(
-        resident_bytes=resident + folded,
+        resident_bytes=resident,
         folded_bytes=folded,
         state_bytes=sum(t.numel() * t.element_size() for t in state.values()),
         state_key_bytes=sum(len(k.encode()) for k in state),

@@ -137,7 +137,9 @@ def plan_model(
     # The memory the model will hold and the downloaded blob it is built from, both planned
     # before the download: the blob is freed (handed back) once the model is loaded.
     blob = info.size if info.size is not None else rt.settings.max_weights_bytes
-    load_bytes = model_footprint(ref.arch, ref.num_classes).resident_bytes + blob
+    footprint = model_footprint(ref.arch, ref.num_classes)
+    folded = footprint.folded_bytes if rt.settings.fold_batch_norms else 0
+    load_bytes = footprint.resident_bytes + folded + blob
     return ModelPlan(ref, key, info, load_bytes, blob_bytes=blob)
 
 

@@ -64,8 +64,9 @@ STORE_KIND = "layout"
 #: 2: the slice size per forward (``chunk``), and heads timed with their batch norms folded.
 #: 3: each timing the best of two runs, and a 5 % margin.
 _FORMAT = 3
-#: The slice sizes a CPU probe is timed at besides the whole probe, largest first.
-_CHUNKS = (4, 2, 1)
+#: The slice sizes a CPU probe is timed at besides the whole probe, largest first (two: each
+#: costs a first request three forwards of the probe).
+_CHUNKS = (4, 1)
 
 
 def to_layout(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
@@ -121,7 +122,8 @@ class LayoutChooser:
         contiguous = _timed(head, probe)
         last = _timed(head, to_layout(probe, True))
         choice = last[0] < _MARGIN * contiguous[0]
-        chunk, chunk_s = _fastest_chunk(head, to_layout(probe, choice))
+        whole_s = last[0] if choice else contiguous[0]
+        chunk, chunk_s = _fastest_chunk(head, to_layout(probe, choice), whole_s)
         with self._lock:
             # A request measuring the same key meanwhile: the first choice stays, on disk too.
             kept = self._choices.setdefault(key, choice)
@@ -185,14 +187,14 @@ def stored_key(key: Hashable, device: torch.device) -> dict[str, Any] | None:
 
 
 def _fastest_chunk(
-    head: Callable[[torch.Tensor], torch.Tensor], probe: torch.Tensor
+    head: Callable[[torch.Tensor], torch.Tensor], probe: torch.Tensor, whole: float
 ) -> tuple[int | None, dict[int, float]]:
-    """The slice size that runs ``probe`` fastest on a CPU, if it beats the whole probe by the
-    margin (None: the whole batch); and each size's seconds. Off a CPU, or on a probe too
-    small to tell, nothing is timed: a GPU wants its batch whole."""
+    """The slice size that runs ``probe`` fastest on a CPU, if it beats the whole probe
+    (``whole`` seconds, its layout's timing) by the margin (None: the whole batch); and each
+    size's seconds. Off a CPU, or on a probe too small to tell, nothing is timed: a GPU wants
+    its batch whole."""
     if probe.device.type != "cpu" or len(probe) < 2 * _CHUNKS[0]:
         return None, {}
-    whole = _timed(head, probe)[0]
     seconds = {
         n: _timed(functools.partial(run_in_chunks, head, chunk=n), probe)[0] for n in _CHUNKS
     }

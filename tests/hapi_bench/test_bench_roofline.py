@@ -26,7 +26,7 @@ def test_the_stages_are_timed_per_image_for_both_paths(photos: list[bytes]) -> N
         "head_new_chunk",
         "head_new_last",
     }
-    assert all(0 < seconds < 60 for seconds in stages.values())
+    assert all(0 < v < 60 for k, v in stages.items() if k.endswith("_s"))
 
 
 def test_the_demo_photos_give_the_same_features_on_both_decode_paths(photos: list[bytes]) -> None:

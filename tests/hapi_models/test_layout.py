@@ -252,20 +252,20 @@ BATCH = torch.arange(20 * 3 * 2 * 2, dtype=torch.float32).reshape(20, 3, 2, 2)
 def test_a_cpu_head_runs_in_the_slices_that_timed_fastest_and_a_restart_keeps_them(
     cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _chunk_timings(monkeypatch, fastest=2)
+    _chunk_timings(monkeypatch, fastest=4)
     chooser = LayoutChooser(persist=True)
     assert chooser.forward(KEY, _double, BATCH).equal(BATCH * 2)
-    assert chooser.chunk(KEY) == 2
+    assert chooser.chunk(KEY) == 4
     sizes: list[int] = []
 
     def head(x: torch.Tensor) -> torch.Tensor:
         sizes.append(len(x))
         return x * 2
 
-    timed = _chunk_timings(monkeypatch, fastest=4)
+    timed = _chunk_timings(monkeypatch, fastest=1)
     restarted = LayoutChooser(persist=True)
     assert restarted.forward(KEY, head, BATCH).equal(BATCH * 2)
-    assert timed == [] and restarted.chunk(KEY) == 2 and sizes == [2] * 10
+    assert timed == [] and restarted.chunk(KEY) == 4 and sizes == [4] * 5
 
 
 def test_no_slice_that_wins_by_the_margin_keeps_the_batch_whole(
@@ -280,14 +280,14 @@ def test_no_slice_that_wins_by_the_margin_keeps_the_batch_whole(
 def test_a_kept_choice_with_a_bad_slice_size_is_timed_again(
     cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _chunk_timings(monkeypatch, fastest=2)
+    _chunk_timings(monkeypatch, fastest=4)
     LayoutChooser(persist=True).forward(KEY, _double, BATCH)
     for path in cache.glob("*.json"):
-        path.write_text(path.read_text().replace('"chunk": 2', '"chunk": 0'))
-    timed = _chunk_timings(monkeypatch, fastest=2)
+        path.write_text(path.read_text().replace('"chunk": 4', '"chunk": 0'))
+    timed = _chunk_timings(monkeypatch, fastest=4)
     again = LayoutChooser(persist=True)
     again.forward(KEY, _double, BATCH)
-    assert timed and again.chunk(KEY) == 2
+    assert timed and again.chunk(KEY) == 4
 
 
 @pytest.mark.parametrize(("arch", "split"), [("efficientnet_lite0", 9), ("resnet18", 6)])

@@ -49,6 +49,8 @@ def budget_server(
         put_object(swift_stack, name, data)
     server = server_factory(
         devices="cpu",  # the planner on a configured budget (a GPU's would be NVML's, 80 GB)
+        # Budgets sized on the weights as built: a folded head's copies are planned beside them.
+        fold_batch_norms=False,
         cpu_memory_budget_bytes=BUDGET,
         count_process_memory=False,  # the plan's arithmetic alone, not the server's RSS
         framework_reserve_bytes=RESERVE,

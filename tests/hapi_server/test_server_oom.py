@@ -148,6 +148,8 @@ def limited_server(
     server = server_factory(
         devices="cpu",  # RLIMIT_DATA bounds host memory: the test is about the CPU device
         adaptation=adaptation,
+        # Budgets sized on the weights as built: a folded head's copies are planned beside them.
+        fold_batch_norms=False,
         cpu_memory_budget_bytes=weights_bytes(ARCH) + PLANNABLE,
         count_process_memory=False,  # the plan's arithmetic alone, not the server's RSS
         framework_reserve_bytes=0,

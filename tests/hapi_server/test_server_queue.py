@@ -85,6 +85,8 @@ def tight_server(
     put_object(swift_stack, BIG_SHARD, BIG)
     server = server_factory(
         devices="cpu",  # the queue on a configured CPU budget, GPU or not
+        # Budgets sized on the weights as built: a folded head's copies are planned beside them.
+        fold_batch_norms=False,
         cpu_memory_budget_bytes=BUDGET,
         count_process_memory=False,  # the plan's arithmetic alone, not the server's RSS
         framework_reserve_bytes=RESERVE,

@@ -20,6 +20,7 @@ from .devices import Device, discover_devices
 from .estimates import MemoryEstimator
 from .host_allocator import bound_host_allocator
 from .host_memory import PROCESS_MEMORY, resident_bytes, resident_in_use_bytes
+from .locks import os_lock
 from .metrics import Metrics
 from .roofline import RooflineMeter
 from .settings import CoreSettings
@@ -121,7 +122,7 @@ class CoreRuntime:
             ),
             decode_pool=DecodePool(decode_threads),
             layouts=LayoutChooser(settings.channels_last, persist=True),
-            folder=BatchNormFolder(settings.fold_batch_norms),
+            folder=BatchNormFolder(settings.fold_batch_norms, lock=os_lock),
             roofline=RooflineMeter(metrics, decode_threads + torch_threads),
             **extra,
         )

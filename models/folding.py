@@ -34,8 +34,10 @@ import copy
 import logging
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -134,10 +136,18 @@ class BatchNormFolder:
     """Each layer's folded copy (:func:`fold_batch_norms`), made on first use and kept while
     the layer lives; shared by every request (thread) that runs those layers."""
 
-    def __init__(self, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        enabled: bool = True,
+        *,
+        lock: Callable[[], AbstractContextManager[Any]] = threading.Lock,
+    ) -> None:
+        """``lock``: makes the folder's locks; a host whose threads eventlet patched (the Swift
+        proxy) passes one between OS threads, since a fold holds its lock while other pool
+        threads ask for it (a green lock contended from two of them fails)."""
         self.enabled = enabled
-        self._lock = threading.Lock()
-        self._folding = threading.Lock()
+        self._lock = lock()
+        self._folding = lock()
         self._folded: weakref.WeakKeyDictionary[nn.Module, _Folded] = weakref.WeakKeyDictionary()
 
     def layers(self, layers: Sequence[nn.Module], x: torch.Tensor) -> nn.Sequential:

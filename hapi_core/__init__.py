@@ -82,6 +82,7 @@ if TYPE_CHECKING:
         run_async,
         run_blocking,
     )
+    from .forward_turns import ForwardTurns
     from .host_allocator import bound_host_allocator
     from .metrics import Metrics
     from .roofline import RooflineMeter, roofline_images_per_s
@@ -120,6 +121,7 @@ __all__ = [
     "FeatureStore",
     "Flow",
     "ForbiddenError",
+    "ForwardTurns",
     "Get",
     "GetMany",
     "HapiCoreError",

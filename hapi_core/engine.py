@@ -20,7 +20,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Generator, Sequence
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 
 import hapi_models
@@ -31,6 +31,7 @@ from hapi_contract.frames import FrameEncoder
 
 from .decode_pool import DecodePool, DecodeTask
 from .devices import Device
+from .forward_turns import ForwardTurns
 from .host_memory import HOST_MEMORY, HostMemoryProbe
 from .roofline import RooflineMeter
 
@@ -65,6 +66,8 @@ class JobStats:
     """Of ``decode_s``: the uint8 batch's normalisation, on torch's threads."""
     compute_s: float = 0.0
     encode_s: float = 0.0
+    turns_s: float = 0.0
+    """Time its forward passes waited for a turn at the CPU's cores (other requests' ran)."""
     feature_bytes: int = 0
     peak_bytes_per_sample: float | None = None
     """Measured peak memory per sample (CUDA: every batch; CPU: one lone batch, see
@@ -84,6 +87,7 @@ class JobStats:
                 "decode": round(self.decode_s * 1000, 3),
                 "compute": round(self.compute_s * 1000, 3),
                 "encode": round(self.encode_s * 1000, 3),
+                "turns": round(self.turns_s * 1000, 3),
             },
             "feature_bytes": self.feature_bytes,
             "vmhwm_resets": self.vmhwm_resets,
@@ -120,6 +124,12 @@ class ExtractionJob:
     """The request it computes, for /metrics' series of running requests."""
     roofline: RooflineMeter | None = None
     """Where the job reports its ratio to the host's roofline (None: nowhere)."""
+    turns: ForwardTurns | None = None
+    """The CPU host's turns for forward passes (None, or a GPU: the forward runs at once)."""
+    owner: str = ""
+    """Whose turn the job's forward passes take (the caller's account)."""
+    arrived: float = 0.0
+    """When its request arrived (``time.perf_counter``): an owner's oldest goes first."""
 
 
 _INLINE = DecodePool(0)
@@ -254,6 +264,7 @@ def iter_frames(job: ExtractionJob, stats: JobStats) -> Generator[bytes, None, N
                     device,
                     job.layouts,
                     (*key, str(device)),
+                    _turn_of(job),
                 )
             if job.device.is_cuda:
                 torch.cuda.reset_peak_memory_stats(device)
@@ -292,6 +303,14 @@ def iter_frames(job: ExtractionJob, stats: JobStats) -> Generator[bytes, None, N
             job.roofline.finish(job.device.name, job.request_id, stats, on_cores)
 
 
+def _turn_of(job: ExtractionJob) -> Callable[[], AbstractContextManager[None]]:
+    """What each of ``job``'s forward passes holds: a turn at a CPU's cores, or nothing."""
+    turns = job.turns
+    if turns is None or job.device.is_cuda:
+        return nullcontext
+    return functools.partial(turns.turn, job.owner, job.arrived, job.decode_timeout_s)
+
+
 def _head(job: ExtractionJob, decoded: torch.Tensor) -> torch.nn.Module:
     """The job's head as it runs: its layers with their batch norms folded where the host
     folds them (the first samples of ``decoded``, the job's first batch, make missing folds)."""
@@ -316,23 +335,27 @@ class _Step:
     device: torch.device
     layouts: hapi_models.LayoutChooser | None
     layout_key: tuple[object, ...]
+    turn: Callable[[], AbstractContextManager[None]] = nullcontext
+    """Held while the batch is normalised and run (:func:`_turn_of`)."""
 
     def __call__(self, decoded: torch.Tensor, start: int, stats: JobStats) -> bytes:
         """Normalise, run the head over, and encode one decoded batch."""
         done = len(decoded)
         try:
-            t0 = time.perf_counter()
-            x = decoded.to(self.device, non_blocking=True)
-            if x.dtype == torch.uint8:
-                x = self.transform.normalize(x)
-            t1 = time.perf_counter()
-            with torch.inference_mode():
-                if self.layouts is None:
-                    y = self.head(x)
-                else:
-                    y = self.layouts.forward(self.layout_key, self.head, x)
-                y = y.to("cpu").contiguous()
-            t2 = time.perf_counter()
+            waited = time.perf_counter()
+            with self.turn():
+                t0 = time.perf_counter()
+                x = decoded.to(self.device, non_blocking=True)
+                if x.dtype == torch.uint8:
+                    x = self.transform.normalize(x)
+                t1 = time.perf_counter()
+                with torch.inference_mode():
+                    if self.layouts is None:
+                        y = self.head(x)
+                    else:
+                        y = self.layouts.forward(self.layout_key, self.head, x)
+                    y = y.to("cpu").contiguous()
+                t2 = time.perf_counter()
             label_t = torch.tensor(list(self.labels[start : start + done]), dtype=torch.int64)
             frame = self.encoder.batch(
                 y, label_t, offset=start, meta={"cos_batch_size": self.batch_size}
@@ -342,6 +365,7 @@ class _Step:
             raise  # an operator the device lacks: a fault of ours, not of the device's capacity
         except RuntimeError as exc:
             raise BatchExecutionError(str(exc)) from exc
+        stats.turns_s += t0 - waited
         stats.decode_s += t1 - t0
         stats.normalize_s += t1 - t0
         stats.compute_s += t2 - t1

@@ -386,6 +386,9 @@ class PreparedExtraction:
     """The shared computation this request leads (see :mod:`hapi_core.shared_features`)."""
     encoder: RecordingEncoder | None = None
     """The leading job's encoder, which keeps its features for the others."""
+    owner: str = ""
+    """The caller's account, whose requests share its turns at a CPU's cores
+    (:class:`~hapi_core.forward_turns.ForwardTurns`)."""
 
     def settle_shared(self, rt: CoreRuntime, succeeded: bool) -> None:
         """Hand a leading job's features to the requests waiting for them and to the store
@@ -610,6 +613,7 @@ def _prepare(
         read_s=read_s,
         names=names,
         computation=computation,
+        owner=namespace or "",
     )
 
 
@@ -663,6 +667,8 @@ def job_of(rt: CoreRuntime, prep: PreparedExtraction) -> ExtractionJob:
         encoder=encoder,
         names=prep.names,
         request_id=prep.request_id,
+        owner=prep.owner,
+        arrived=prep.started,
         **rt.engine_options(),
     )
 

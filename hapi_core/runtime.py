@@ -18,6 +18,7 @@ from .adaptation import DeviceScheduler, Timers
 from .decode_pool import DecodePool, available_cores, split_threads
 from .devices import Device, discover_devices
 from .estimates import MemoryEstimator
+from .forward_turns import ForwardTurns
 from .host_allocator import bound_host_allocator
 from .host_memory import PROCESS_MEMORY, resident_bytes, resident_in_use_bytes
 from .locks import os_lock
@@ -53,6 +54,8 @@ class CoreRuntime:
     """Computed features shared between requests (off unless ``feature_store_bytes``)."""
     roofline: RooflineMeter | None = None
     """Exports each running request's ratio to the host's roofline (None: not exported)."""
+    turns: ForwardTurns | None = None
+    """The CPU's turns for the heads' forward passes (None: every job runs its own)."""
 
     @classmethod
     def create(cls, settings: CoreSettings, timers: Timers | None = None, **extra: Any) -> Self:
@@ -99,13 +102,15 @@ class CoreRuntime:
             if not device.is_cuda and settings.count_process_memory:
                 sched.process_memory = resident_in_use_bytes
             schedulers[device.name] = sched
+        turns = ForwardTurns(settings.cpu_forwards_at_once or max(1, cores // torch_threads))
         log.info(
-            "HAPI devices: %s; %d core(s): %d decode thread(s), %d torch thread(s); decode %s, "
-            "channels_last %s, batch norms %s",
+            "HAPI devices: %s; %d core(s): %d decode thread(s), %d torch thread(s), %d forward "
+            "pass(es) at once on a CPU; decode %s, channels_last %s, batch norms %s",
             ", ".join(f"{d.name} ({d.total_bytes / 2**30:.1f} GiB)" for d in devices),
             cores,
             decode_threads,
             torch_threads,
+            turns.slots,
             settings.decode_path,
             "where faster" if settings.channels_last else "off",
             "folded" if settings.fold_batch_norms else "as built",
@@ -124,6 +129,7 @@ class CoreRuntime:
             layouts=LayoutChooser(settings.channels_last, persist=True),
             folder=BatchNormFolder(settings.fold_batch_norms, lock=os_lock),
             roofline=RooflineMeter(metrics, decode_threads + torch_threads),
+            turns=turns,
             **extra,
         )
 
@@ -135,6 +141,7 @@ class CoreRuntime:
             "layouts": self.layouts,
             "folder": self.folder,
             "roofline": self.roofline,
+            "turns": self.turns,
         }
 
     def pick_scheduler(self) -> DeviceScheduler:

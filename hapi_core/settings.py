@@ -53,6 +53,13 @@ class CoreSettings(BaseModel):
     torch_threads: int | None = Field(
         None, ge=1, description="torch intra-op threads; default: the cores decode leaves"
     )
+    cpu_forwards_at_once: int | None = Field(
+        None,
+        ge=1,
+        description="head forward passes a CPU device runs at once, the others waiting their "
+        "turn (the least recently served caller's oldest request next); default: the cores "
+        "over torch's threads (1 when torch has them all: more only time-slice the cores)",
+    )
     cores: int | None = Field(
         None,
         ge=1,

@@ -80,6 +80,11 @@ framework_reserve_bytes     256 MiB      memory per device never planned (framew
 max_concurrent              2 *          worker threads per device (image checks, decode and
                                          compute) (the core's ``max_concurrent_per_device``)
 torch_threads               (none)       torch intra-op threads; default: the cores decode leaves
+cpu_forwards_at_once        (none)       head forward passes a CPU device runs at once, the others
+                                         waiting their turn (the least recently served caller's
+                                         oldest request next); default: the cores over torch's
+                                         threads (1 when torch has them all: more only time-slice
+                                         the cores)
 cores                       (none)       cores the decode threads and torch's intra-op threads share
                                          (their sum never exceeds it); default: the cores this
                                          process may run on (its affinity)

@@ -79,7 +79,7 @@ def test_the_report_shows_each_job_count_and_the_goals_ratios(tmp_path: Path) ->
     assert "The wall goal is not met here" in section
     # A run without the client's CPU seconds does not guess why.
     assert "did not record the client's CPU seconds" in section
-    assert "then share the client's" not in section
+    assert "the client is the bound" not in section
     # One job was slower with the store while the server did the same work: said, with both.
     assert "(10.0 s against 7.9 s)" in section and "(3.32 against 3.35)" in section
     assert "on by default (256 MiB;" in section
@@ -91,12 +91,15 @@ def test_the_client_cpu_seconds_say_whether_the_client_was_the_bound(tmp_path: P
     bound = _write(tmp_path, (10.0, 10.2, 18.0), client_cpu=4.0)
     assert "took 16.00 CPU seconds on the client's single core (one job: 4.00)" in bound
     assert "busy 89% of the slowest job's wall time" in bound
-    assert "the 4 fine-tunes then share the client's single core" in bound
+    assert (
+        "and the client is the bound: the 4 fine-tunes' training alone (16.00 s on the client's "
+        "single core) outlasts one job's whole run (10.0 s)" in bound
+    )
     # 1 s each: the client was mostly idle, so it is not blamed; the server's contention is said
     # (stage seconds 3x the CPU seconds in every row of the made-up run).
     idle = _write(tmp_path, (10.0, 10.2, 18.0), client_cpu=1.0)
     assert "busy 22% of the slowest job's wall time" in idle
-    assert "share the client's" not in idle
+    assert "the client is the bound" not in idle
     assert "neither side's CPU seconds account for it" in idle
     assert "were 3.0 with one job and 3.0 with 4" in idle
 
@@ -106,3 +109,32 @@ def test_a_met_wall_goal_is_not_explained_away(tmp_path: Path) -> None:
     assert "**1.4x** the slowest wall time" in section
     assert "not met" not in section
     assert "One job alone" not in section  # one job was not slower with the store
+
+
+def test_each_split_has_its_own_table_and_goals(tmp_path: Path) -> None:
+    results = ResultSet.start(
+        "sweep",
+        testbed={"cores": {"client": [0], "server": [1]}},
+        quick=True,
+        link_check={"target_mbit": 1000.0},
+        model="resnet18",
+        store_bytes=512 * 2**20,
+        dataset={"container": "c", "samples": 80},
+        shard_samples=40,
+        splits={"freeze": 11, "probe": 13},
+    )
+    for split, walls in (("freeze", (3.3, 4.9, 7.1)), ("probe", (3.0, 3.2, 3.6))):
+        for store in ("off", "on"):
+            for jobs, wall in zip((1, 2, 4), walls, strict=True):
+                row = _row(store, jobs, 2.8, 9.13, wall if store == "on" else wall * jobs, 1.0)
+                results.add({"split": split, **row})
+    results.write(tmp_path)
+    text = write_report(tmp_path, tmp_path / "results.md").read_text()
+    section = text[text.index("## One extraction for many jobs: a sweep (issue 32)") :]
+    freeze = section.index("*split 11, the freeze index: each job also trains")
+    probe = section.index("*split 13, a linear probe: each job trains the classifier alone")
+    assert freeze < probe
+    assert "**2.2x** the slowest wall time" in section[freeze:probe]
+    assert "**1.2x** the slowest wall time" in section[probe:]
+    assert section.count("| 4 | 2.80 | 2.80 |") == 2
+    assert section.count("on by default") == 1

@@ -24,6 +24,7 @@ from hapi_core.engine import (
     run_batch,
     run_extraction,
 )
+from hapi_core.forward_turns import ForwardTurns
 from tests.hapi_core.images import random_jpeg
 
 SMALL = hapi_models.InputTransform(resize=32, crop=32)
@@ -141,3 +142,51 @@ def test_a_failed_step_frees_the_tensors_of_the_frames_it_left(
     _, x, activation = seen
     assert x() is None and activation() is None
     assert failed.value.__traceback__ is not None  # kept until here
+
+
+class _Gated(torch.nn.Module):
+    """A head that says when its forward began and, for the first job, holds it until told."""
+
+    def __init__(self, entered: threading.Event, hold: threading.Event | None) -> None:
+        super().__init__()
+        self.entered, self.hold = entered, hold
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.entered.set()
+        if self.hold is not None:
+            assert self.hold.wait(30)
+        return x.mean(dim=(2, 3))
+
+
+def test_jobs_sharing_a_cpus_turns_run_their_forward_passes_one_after_the_other() -> None:
+    turns = ForwardTurns(1)
+    entered_a, entered_b, hold = threading.Event(), threading.Event(), threading.Event()
+    jobs = []
+    for name, entered, held in (("a", entered_a, hold), ("b", entered_b, None)):
+        head = _Gated(entered, held)
+        job = _two_image_job(cast(Any, SimpleNamespace(arch=name, head=lambda split, h=head: h)))
+        job.turns, job.owner, job.arrived = turns, "account", float(len(jobs))
+        jobs.append(job)
+    frames: dict[str, list[bytes]] = {"a": [], "b": []}
+    stats: dict[str, JobStats] = {}
+
+    def run(job: ExtractionJob, name: str) -> None:
+        stats[name] = run_extraction(job, frames[name].append, threading.Event())
+
+    first = threading.Thread(target=run, args=(jobs[0], "a"))
+    first.start()
+    assert entered_a.wait(30)
+    second = threading.Thread(target=run, args=(jobs[1], "b"))
+    second.start()
+    deadline = threading.Event()
+    for _ in range(30_000):  # bounded: until b waits for the turn a holds
+        if turns.waiting == 1:
+            break
+        deadline.wait(0.001)
+    assert turns.waiting == 1 and not entered_b.is_set()
+    hold.set()
+    first.join(30)
+    second.join(30)
+    assert entered_b.is_set() and len(frames["a"]) == len(frames["b"]) == 1
+    assert stats["b"].turns_s > 0 and stats["b"].compute_s < stats["b"].turns_s
+    assert "turns" in stats["b"].as_meta(1.0, 0.0)["server_ms"]  # type: ignore[operator]

@@ -22,7 +22,8 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import hapi_models
@@ -34,7 +35,7 @@ from hapi_contract.frames import FrameEncoder
 from .admission import input_transform
 from .answers import raising_server_errors
 from .engine import BatchExecutionError
-from .extraction import finish, prepare
+from .extraction import PreparedExtraction, finish, prepare
 from .flow import Compute, Flow
 from .runtime import CoreRuntime
 from .timing_cache import LayerTimes, TimingKey
@@ -92,8 +93,19 @@ def measure_head(
     warm_up: bool,
     names: Sequence[str] | None = None,
     known_s: float | None = None,
+    folder: hapi_models.BatchNormFolder | None = None,
+    layouts: bool = False,
+    turn: Callable[[], AbstractContextManager[None]] = nullcontext,
 ) -> HeadMeasurement:
     """Decode ``images`` and run them through layers ``[0, split)`` one layer at a time.
+
+    The layers run as an extraction runs them: with their batch norms folded where ``folder``
+    folds (the folds are the extraction's own, made here when missing; a folded pair's time is
+    its convolution layer's, the norm layer's 0), and with ``layouts`` each one timed on a
+    contiguous and on a ``channels_last`` input, the faster kept (the extraction runs its head
+    in the layout that is faster for it: :class:`hapi_models.LayoutChooser`). Each pass holds
+    ``turn`` (a turn at the CPU's cores, as a forward pass does), so other requests' forwards
+    do not inflate the times.
 
     With ``warm_up`` an untimed pass runs first (allocator and kernel caches, lazy module
     state), so that the timed pass measures the steady state the pipeline runs in. A heavy head
@@ -108,18 +120,22 @@ def measure_head(
         x = x.to(device)
         layers = model.layers[:split]
         with torch.inference_mode():
+            runs = folder.runs(layers, x) if folder is not None else [(1, m) for m in layers]
+            shapes = (False, True) if layouts else (False,)
             per_sample = known_s
             if warm_up:
                 # A sample warms the kernels and the allocator; a whole batch would
                 # double what a first timing costs on a CPU. Timed, it says how heavy a sample
                 # is (an overestimate: a first pass is slower).
-                _sync(device)
-                start = time.perf_counter()
-                warm = x[:WARM_UP_SAMPLES]
-                for layer in layers:
-                    warm = layer(warm)
-                _sync(device)
-                per_sample = (time.perf_counter() - start) / len(warm)
+                with turn():
+                    _sync(device)
+                    start = time.perf_counter()
+                    for channels_last in shapes:
+                        warm = x[:WARM_UP_SAMPLES]
+                        for _, module in runs:
+                            warm = module(hapi_models.to_layout(warm, channels_last))
+                    _sync(device)
+                per_sample = (time.perf_counter() - start) / (len(shapes) * WARM_UP_SAMPLES)
                 del warm
             x = x[: timed_samples(per_sample, len(images))]
             n = len(x)
@@ -127,16 +143,27 @@ def measure_head(
             times: list[float] = []
             encode: list[float] = []
             sizes: list[float] = []
-            for layer in layers:
-                _sync(device)
-                start = time.perf_counter()
-                x = layer(x)
-                _sync(device)
-                times.append((time.perf_counter() - start) / n)
+            for count, module in runs:
+                seconds = []
+                with turn():
+                    for channels_last in shapes:
+                        given = hapi_models.to_layout(x, channels_last)
+                        _sync(device)
+                        start = time.perf_counter()
+                        out = module(given)
+                        _sync(device)
+                        seconds.append((time.perf_counter() - start) / n)
+                        if not channels_last:
+                            y = out
+                    del given, out
+                x = y.contiguous()
+                times += [min(seconds)] + [0.0] * (count - 1)
+                # A folded pair's output stands for both layers' (a norm keeps its input's shape).
                 start = time.perf_counter()
                 frame = encoder.batch(x.to("cpu"), labels, offset=0)
-                encode.append((time.perf_counter() - start) / n)
-                sizes.append(len(frame) / n)
+                spent = (time.perf_counter() - start) / n
+                encode += [spent] * count
+                sizes += [len(frame) / n] * count
     except NotImplementedError:
         raise
     except RuntimeError as exc:  # the same reading as the engine's: the device ran out
@@ -154,6 +181,10 @@ def time_head(
     max_pixels: int,
     load: int,
     names: Sequence[str] | None = None,
+    *,
+    folder: hapi_models.BatchNormFolder | None = None,
+    layouts: bool = False,
+    turn: Callable[[], AbstractContextManager[None]] = nullcontext,
 ) -> TimingsResponse:
     """Answer ``req`` from ``layer_times`` where earlier requests (anyone's) timed these
     layers on this device at this wire format often enough to settle (``SETTLE_MEASUREMENTS``):
@@ -182,6 +213,9 @@ def time_head(
             warm_up=known is None,
             names=names,
             known_s=None if known is None else sum(known),
+            folder=folder,
+            layouts=layouts,
+            turn=turn,
         )
         decode = measured.decode_s_per_sample
         head = layer_times.record(
@@ -206,6 +240,13 @@ def time_head(
     )
 
 
+def _turn(rt: CoreRuntime, prep: PreparedExtraction) -> Callable[[], AbstractContextManager[None]]:
+    """A turn at the CPU's cores for each timed pass, as an extraction's forward takes one."""
+    if rt.turns is None or prep.scheduler.device.is_cuda:
+        return nullcontext
+    return functools.partial(rt.turns.turn, prep.owner, prep.started, rt.settings.request_timeout_s)
+
+
 def time_request(rt: CoreRuntime, req: TimingsRequest) -> Flow[TimingsResponse]:
     """Admit ``req`` as an extraction of its first ``samples`` images, and measure it."""
     prep = yield from prepare(rt, req.model_copy(update={"b_max": req.samples}))
@@ -225,6 +266,9 @@ def time_request(rt: CoreRuntime, req: TimingsRequest) -> Flow[TimingsResponse]:
                 rt.settings.max_image_pixels,
                 max(0, prep.scheduler.load - 1),  # other requests waiting or running
                 None if prep.names is None else prep.names[:timed],
+                folder=rt.folder if rt.folder.enabled else None,
+                layouts=rt.layouts.enabled,
+                turn=_turn(rt, prep),
             )
         )
     except BaseException:

@@ -154,9 +154,16 @@ class BatchNormFolder:
         """``layers`` in a row, each folded where it can be (a convolution layer and the norm
         layer after it together); ``x``: their input batch, whose first sample makes the folds
         a layer lacks."""
+        return nn.Sequential(*(module for _, module in self.runs(layers, x)))
+
+    def runs(self, layers: Sequence[nn.Module], x: torch.Tensor) -> list[tuple[int, nn.Module]]:
+        """What :meth:`layers` runs, one entry per module: how many of ``layers`` it stands for
+        (2 for a convolution layer folded with the norm layer after it) and the module. A
+        per-layer timing times these, as the head runs them."""
         if not self.enabled:
-            return nn.Sequential(*layers)
+            return [(1, layer) for layer in layers]
         out: list[nn.Module] = []
+        counts: list[int] = []
         probe: torch.Tensor | None = None
         units = _units(layers)
         for i, (key, unit) in enumerate(units):
@@ -170,10 +177,11 @@ class BatchNormFolder:
                             probe = before(probe)
                 folded = self._fold(key, unit, probe)
             out.append(folded)
+            counts.append(2 if key is not unit else 1)
             if probe is not None and i + 1 < len(units):
                 with torch.no_grad():
                     probe = folded(probe)
-        return nn.Sequential(*out)
+        return list(zip(counts, out, strict=True))
 
     def _kept(self, key: nn.Module, unit: nn.Module) -> nn.Module | None:
         with self._lock:

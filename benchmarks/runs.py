@@ -50,11 +50,15 @@ def warm_server(
     manifest: DatasetManifest,
     *,
     via: str = "hapi",
+    every_split: bool = False,
 ) -> None:
     """Load each model into the HAPI server's weights cache with one cheap extraction.
 
     A server loads a model once and serves every later job from memory; without this the first
-    measured run of each model would also time the weights' download and verification.
+    measured run of each model would also time the weights' download and verification. With
+    ``every_split``, one extraction at each split from 1 to the freeze index: the server folds
+    and times the layout of each head once and keeps it (``docs/server.md``), so a scenario
+    comparing one epoch per split does not charge that to whichever split runs first.
     """
     testbed.set_rate(None)
     shard = manifest.shards[0]
@@ -63,21 +67,25 @@ def warm_server(
         for stored in models:
             spec = hapi_models.get_spec(stored.arch)
             t = spec.transform
-            client.transport.extract(
-                ExtractRequest(
-                    container=source.container,
-                    shard=source.shard,
-                    etag=source.etag,
-                    layout=source.layout,
-                    data_container=source.data_container,
-                    label_field=source.label_field,
-                    model=stored.ref(),
-                    split_index=spec.default_freeze_index,
-                    transform=TransformSpec(resize=t.resize, crop=t.crop, mean=t.mean, std=t.std),
-                    b_max=shard.samples,
-                ),
-                num_samples=shard.samples,
-            )
+            freeze = spec.default_freeze_index
+            for split in range(1, freeze + 1) if every_split else (freeze,):
+                client.transport.extract(
+                    ExtractRequest(
+                        container=source.container,
+                        shard=source.shard,
+                        etag=source.etag,
+                        layout=source.layout,
+                        data_container=source.data_container,
+                        label_field=source.label_field,
+                        model=stored.ref(),
+                        split_index=split,
+                        transform=TransformSpec(
+                            resize=t.resize, crop=t.crop, mean=t.mean, std=t.std
+                        ),
+                        b_max=shard.samples,
+                    ),
+                    num_samples=shard.samples,
+                )
 
 
 def _steady_ratio(

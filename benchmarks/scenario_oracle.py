@@ -112,7 +112,7 @@ def run_oracle(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
         testbed, per_class, f"bench-photos-{per_class}", BATCH, list(MODELS)
     )
     print(f"[oracle] {train.describe()}; batch {BATCH}; rates {rates} Mbit/s", flush=True)
-    warm_server(testbed, list(stored.values()), train.container, train.manifest)
+    warm_server(testbed, list(stored.values()), train.container, train.manifest, every_split=True)
     results = ResultSet.start(
         "oracle",
         testbed=testbed.describe(),

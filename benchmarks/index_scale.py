@@ -270,11 +270,7 @@ def measure_client(
     first = shards[0]
     source = ShardSource.of(manifest, container, first)
     request = ExtractRequest(
-        container=source.container,
-        shard=source.shard,
-        layout=source.layout,
-        data_container=source.data_container,
-        label_field=source.label_field,
+        **source.request_fields(),
         model=ModelRef(
             arch="resnet50",
             num_classes=manifest.num_classes,

@@ -71,12 +71,7 @@ def warm_server(
             for split in range(1, freeze + 1) if every_split else (freeze,):
                 client.transport.extract(
                     ExtractRequest(
-                        container=source.container,
-                        shard=source.shard,
-                        etag=source.etag,
-                        layout=source.layout,
-                        data_container=source.data_container,
-                        label_field=source.label_field,
+                        **source.request_fields(),
                         model=stored.ref(),
                         split_index=split,
                         transform=TransformSpec(

@@ -72,10 +72,7 @@ def _put_objects(testbed: Testbed, spec: str) -> DatasetManifest:
 
 def _request(stored: StoredModel, source: ShardSource) -> ExtractRequest:
     return ExtractRequest(
-        container=source.container,
-        shard=source.shard,
-        layout=source.layout,
-        data_container=source.data_container,
+        **source.request_fields(),
         model=stored.ref(),
         split_index=SPLIT,
         transform=TRANSFORM,

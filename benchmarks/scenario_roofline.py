@@ -266,10 +266,7 @@ def _end_to_end(
     source = ShardSource.of(manifest, CONTAINER, 0)
     transform = hapi_models.get_spec(arch).transform
     req = ExtractRequest(
-        container=source.container,
-        shard=source.shard,
-        layout=source.layout,
-        data_container=source.data_container,
+        **source.request_fields(),
         model=stored.ref(),
         split_index=split,
         transform=TransformSpec(

@@ -261,12 +261,7 @@ def hapi_loader(
             if hit is not None:
                 return LoadedShard(hit.features, hit.labels, 0, 0)
         req = ExtractRequest(
-            container=source.container,
-            shard=source.shard,
-            etag=source.etag,
-            layout=source.layout,
-            data_container=source.data_container,
-            label_field=source.label_field,
+            **source.request_fields(),
             model=stored.ref(),
             split_index=split,
             transform=spec,

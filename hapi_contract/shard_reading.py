@@ -126,6 +126,18 @@ class ShardSource:
             return cls(container, name, layout, data_container=manifest.data_container, etag=etag)
         return cls(container, name, etag=etag)
 
+    def request_fields(self) -> dict[str, Any]:
+        """What an extract or timings request names of its shard: where it lies, its layout
+        and the etag it is pinned to (``ExtractRequest(**source.request_fields(), ...)``)."""
+        return {
+            "container": self.container,
+            "shard": self.shard,
+            "etag": self.etag,
+            "layout": self.layout,
+            "data_container": self.data_container,
+            "label_field": self.label_field,
+        }
+
     @property
     def where(self) -> str:
         """``container/shard``, as errors name it."""

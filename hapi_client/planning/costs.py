@@ -416,11 +416,7 @@ def _timings_request(
         stored.arch,
     )
     return TimingsRequest(
-        container=source.container,
-        shard=source.shard,
-        layout=source.layout,
-        data_container=source.data_container,
-        label_field=source.label_field,
+        **source.request_fields(),
         model=stored.ref(),
         split_index=freeze,
         transform=TransformSpec.model_validate(prepared.transform),

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hapi_client.planning import ClientCosts, costs
-from hapi_contract import Compression, OutputDtype
+from hapi_contract import Compression, OutputDtype, ShardSource
 
 FREEZE = 3
 WAIT_S = 10.0
@@ -41,9 +41,7 @@ def made_up(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(costs, "_sample_images", lambda *a: sampled)
     monkeypatch.setattr(costs, "TimingsRequest", lambda **kw: SimpleNamespace(**kw))
     monkeypatch.setattr(costs, "TransformSpec", SimpleNamespace(model_validate=lambda t: t))
-    source = SimpleNamespace(
-        container="c", shard="s", layout=None, data_container=None, label_field=None
-    )
+    source = ShardSource("c", "s")
     monkeypatch.setattr(costs, "ShardSource", SimpleNamespace(of=lambda *a: source))
     return SimpleNamespace(
         manifest=SimpleNamespace(
@@ -108,13 +106,7 @@ def test_a_folder_plan_probes_the_link_briefly_and_reads_its_images_before_askin
 ) -> None:
     transport = _Transport()
     swift = _Swift(transport)
-    folder = SimpleNamespace(
-        container="c",
-        shard="s",
-        layout=costs.DatasetLayout.FOLDER,
-        data_container=None,
-        label_field=None,
-    )
+    folder = ShardSource("c", "s", costs.DatasetLayout.FOLDER)
     monkeypatch.setattr(costs, "ShardSource", SimpleNamespace(of=lambda *a: folder))
 
     def sample(swift_: Any, source: Any, per_sample: float, link: float | None) -> Any:

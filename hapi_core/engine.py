@@ -31,7 +31,7 @@ from hapi_contract.frames import FrameEncoder
 
 from .decode_pool import DecodePool, DecodeTask
 from .devices import Device
-from .forward_turns import ForwardTurns
+from .forward_turns import ForwardTurns, turn_taker
 from .host_memory import HOST_MEMORY, HostMemoryProbe
 from .roofline import RooflineMeter
 
@@ -264,7 +264,13 @@ def iter_frames(job: ExtractionJob, stats: JobStats) -> Generator[bytes, None, N
                     device,
                     job.layouts,
                     (*key, str(device)),
-                    _turn_of(job),
+                    turn_taker(
+                        job.turns,
+                        cuda=job.device.is_cuda,
+                        owner=job.owner,
+                        arrived=job.arrived,
+                        timeout_s=job.decode_timeout_s,
+                    ),
                 )
             if job.device.is_cuda:
                 torch.cuda.reset_peak_memory_stats(device)
@@ -303,14 +309,6 @@ def iter_frames(job: ExtractionJob, stats: JobStats) -> Generator[bytes, None, N
             job.roofline.finish(job.device.name, job.request_id, stats, on_cores)
 
 
-def _turn_of(job: ExtractionJob) -> Callable[[], AbstractContextManager[None]]:
-    """What each of ``job``'s forward passes holds: a turn at a CPU's cores, or nothing."""
-    turns = job.turns
-    if turns is None or job.device.is_cuda:
-        return nullcontext
-    return functools.partial(turns.turn, job.owner, job.arrived, job.decode_timeout_s)
-
-
 def _head(job: ExtractionJob, decoded: torch.Tensor) -> torch.nn.Module:
     """The job's head as it runs: its layers with their batch norms folded where the host
     folds them (the first samples of ``decoded``, the job's first batch, make missing folds)."""
@@ -336,7 +334,7 @@ class _Step:
     layouts: hapi_models.LayoutChooser | None
     layout_key: tuple[object, ...]
     turn: Callable[[], AbstractContextManager[None]] = nullcontext
-    """Held while the batch is normalised and run (:func:`_turn_of`)."""
+    """Held while the batch is normalised and run (:func:`~hapi_core.forward_turns.turn_taker`)."""
 
     def __call__(self, decoded: torch.Tensor, start: int, stats: JobStats) -> bytes:
         """Normalise, run the head over, and encode one decoded batch."""

@@ -23,15 +23,16 @@ primitive is ever contended across OS threads (see :mod:`hapi_core.locks`).
 from __future__ import annotations
 
 import _thread
+import functools
 import itertools
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 from .errors import RequestTimeoutError
 from .locks import os_lock
 
-__all__ = ["ForwardTurns"]
+__all__ = ["ForwardTurns", "turn_taker"]
 
 
 @dataclass
@@ -115,3 +116,13 @@ class ForwardTurns:
             self._served[nxt.owner] = next(self._count)
             nxt.granted = True
             nxt.gate.release()
+
+
+def turn_taker(
+    turns: ForwardTurns | None, *, cuda: bool, owner: str, arrived: float, timeout_s: float
+) -> Callable[[], AbstractContextManager[None]]:
+    """What each forward pass of one request holds: a turn of ``turns`` on a CPU, nothing on a
+    GPU or a host without turns (the engine's batches and a timing request's passes alike)."""
+    if turns is None or cuda:
+        return nullcontext
+    return functools.partial(turns.turn, owner, arrived, timeout_s)

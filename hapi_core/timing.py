@@ -35,8 +35,9 @@ from hapi_contract.frames import FrameEncoder
 from .admission import input_transform
 from .answers import raising_server_errors
 from .engine import BatchExecutionError
-from .extraction import PreparedExtraction, finish, prepare
+from .extraction import finish, prepare
 from .flow import Compute, Flow
+from .forward_turns import turn_taker
 from .runtime import CoreRuntime
 from .timing_cache import LayerTimes, TimingKey
 
@@ -240,13 +241,6 @@ def time_head(
     )
 
 
-def _turn(rt: CoreRuntime, prep: PreparedExtraction) -> Callable[[], AbstractContextManager[None]]:
-    """A turn at the CPU's cores for each timed pass, as an extraction's forward takes one."""
-    if rt.turns is None or prep.scheduler.device.is_cuda:
-        return nullcontext
-    return functools.partial(rt.turns.turn, prep.owner, prep.started, rt.settings.request_timeout_s)
-
-
 def time_request(rt: CoreRuntime, req: TimingsRequest) -> Flow[TimingsResponse]:
     """Admit ``req`` as an extraction of its first ``samples`` images, and measure it."""
     prep = yield from prepare(rt, req.model_copy(update={"b_max": req.samples}))
@@ -268,7 +262,13 @@ def time_request(rt: CoreRuntime, req: TimingsRequest) -> Flow[TimingsResponse]:
                 None if prep.names is None else prep.names[:timed],
                 folder=rt.folder if rt.folder.enabled else None,
                 layouts=rt.layouts.enabled,
-                turn=_turn(rt, prep),
+                turn=turn_taker(
+                    rt.turns,
+                    cuda=prep.scheduler.device.is_cuda,
+                    owner=prep.owner,
+                    arrived=prep.started,
+                    timeout_s=rt.settings.request_timeout_s,
+                ),
             )
         )
     except BaseException:

@@ -333,7 +333,11 @@ class FeatureDataset(IterableDataset[Batch]):
         self.b_max = cos_batch_cap(self.prepared.manifest, extract.b_max)
         self.cache = FeatureCache() if extract.cache_features and mode == "hapi" else None
         self.prefetch = prefetch_depth(
-            extract.prefetch, train.batch_size, self.prepared.manifest.shard_size
+            extract.prefetch,
+            train.batch_size,
+            self.prepared.manifest.shard_size,
+            # The server orders its sends; the Swift filter's relay and raw reads do not.
+            ordered=mode == "hapi" and client.transport.via == "hapi",
         )
         self.verifier = (
             PushdownVerifier(

@@ -108,7 +108,8 @@ class ExtractOptions:
     are accepted and stored as the enums). ``b_max``: the largest COS batch the server may use
     (None: one shard, at most 1000). ``cache_features``: keep the frozen split's features for
     later epochs. ``prefetch``: shards loaded ahead (None: :func:`prefetch_depth`'s rule, enough
-    for one batch and at least 2; a multi-worker run applies it to each worker's share).
+    for one batch and at least 2, 3 from a HAPI server directly; a multi-worker run applies it
+    to each worker's share).
     """
 
     split: SplitChoice = "auto"
@@ -145,7 +146,13 @@ class ExtractOptions:
         return dataclasses.replace(self, **changes)
 
 
-def prefetch_depth(prefetch: int | None, batch_size: int, shard_size: int) -> int:
+def prefetch_depth(
+    prefetch: int | None, batch_size: int, shard_size: int, *, ordered: bool = False
+) -> int:
     """Shards to load ahead: ``prefetch`` when given, else enough to fill one batch of
-    ``batch_size`` samples from shards of ``shard_size`` plus the next shard, at least 2."""
-    return prefetch or max(2, math.ceil(batch_size / shard_size) + 1)
+    ``batch_size`` samples from shards of ``shard_size`` plus the next shard, at least 2, or
+    at least 3 where the responses arrive in the order asked (``ordered``: a HAPI server sends
+    one client's responses oldest first): one arriving, the next ready behind it, the one after
+    being computed, so the link never waits for the server. Unordered, a third shard in flight
+    only shares the link with the two before it and delays them."""
+    return prefetch or max(3 if ordered else 2, math.ceil(batch_size / shard_size) + 1)

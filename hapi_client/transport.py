@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
@@ -24,6 +25,7 @@ import torch
 from hapi_contract import (
     API_PREFIX,
     HEADER_METRICS,
+    HEADER_PIPELINE,
     ExtractRequest,
     FinetuneMetrics,
     FinetuneRequest,
@@ -106,6 +108,9 @@ class HapiTransport:
         #: The server's (or the filter's) current outage, shared by every request of this
         #: transport: a request started during one gets only what is left of its budget.
         self.outage = Outage()
+        #: This client's extractions are one pipeline: the server sends their responses in the
+        #: order they were asked for (``HEADER_PIPELINE``), what the client consumes next first.
+        self.pipeline = uuid.uuid4().hex
 
     def close(self) -> None:
         self._http.close()
@@ -265,7 +270,9 @@ class HapiTransport:
             req.container,
             req.shard,
             "extract",
-            lambda url, headers: self._extract_once(url, headers, body),
+            lambda url, headers: self._extract_once(
+                url, {**headers, HEADER_PIPELINE: self.pipeline}, body
+            ),
         )
         if num_samples is not None and result.end.samples != num_samples:
             raise DeliveryError(

@@ -18,6 +18,7 @@ __all__ = [
     "HEADER_EXECUTION",
     "HEADER_HAPI_REQUEST",
     "HEADER_METRICS",
+    "HEADER_PIPELINE",
     "HEADER_REQUEST_ID",
     "HEADER_SAMPLES",
     "HEADER_SHA256",
@@ -57,6 +58,11 @@ HEADER_AUTH_TOKEN = "X-Auth-Token"
 
 HEADER_STORAGE_URL = "X-Storage-Url"
 """The caller's Swift storage URL (account endpoint) that the token is valid for."""
+
+HEADER_PIPELINE = "X-Hapi-Pipeline"
+"""An extraction's client pipeline (any token of up to 64 characters the client keeps for its
+requests): the server sends one pipeline's responses in the order they arrived
+(``docs/server.md``, send order)."""
 
 HEADER_HAPI_REQUEST = "X-Hapi-Request"
 """Swift proxy filter: the header that turns a POST to an object into a HAPI request; its value

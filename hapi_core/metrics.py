@@ -57,6 +57,13 @@ class Metrics:
             "hapi_bytes_streamed", "feature bytes streamed to clients", ["endpoint"], registry=r
         )
         self.samples = Counter("hapi_samples", "samples processed", ["endpoint"], registry=r)
+        self.send_order_wait_seconds = Histogram(
+            "hapi_send_order_wait_seconds",
+            "what an extraction's frames waited, in all, while an older response of the same "
+            "client pipeline was sending (responses of a pipeline only)",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
         self.request_seconds = Histogram(
             "hapi_request_duration_seconds",
             "request duration, queueing included",

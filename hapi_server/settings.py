@@ -51,6 +51,23 @@ class ServerSettings(CoreSettings, BaseSettings):
         "cut off, and its memory and slot are freed (the filter's `send_timeout`)",
     )
 
+    send_order_wait_s: float = Field(
+        30.0,
+        ge=0,
+        le=3600,
+        description="the most a response's frames wait, in all, while an older response of "
+        "the same client pipeline (`X-Hapi-Pipeline`) is sending, so that the client gets what "
+        "it needs next first; 0 sends them side by side",
+    )
+    send_lowat_bytes: int = Field(
+        128 * 1024,
+        ge=0,
+        le=64 * MiB,
+        description="the most a connection's socket holds unsent (`TCP_NOTSENT_LOWAT`; 0: the "
+        "kernel's default), so that a frame handed to the kernel is on its way and the send "
+        "order holds on the wire",
+    )
+
     # Limits of the HTTP front.
     max_request_body_bytes: int = Field(
         1 * MiB, ge=1024, description="largest request body (413), chunked or not"

@@ -9,8 +9,13 @@ from dataclasses import dataclass, field
 
 from hapi_core import CoreRuntime
 
+from .send_order import SendOrder
 from .settings import ServerSettings
 from .swift_io import SwiftReader
+
+#: A response whose last frame left this long ago, its next not yet computed, holds no younger
+#: one of its pipeline (``hapi_server.send_order``).
+SEND_QUIET_S = 0.05
 
 
 @dataclass(kw_only=True)
@@ -21,10 +26,17 @@ class ServerState(CoreRuntime):
     swift: SwiftReader
     executor: ThreadPoolExecutor = field(init=False)
     """Image checks, model loads and heads: ``max_concurrent_per_device`` threads a device."""
+    send_order: SendOrder = field(init=False)
+    """Each client pipeline's responses, sent oldest first."""
 
     def __post_init__(self) -> None:
         workers = self.settings.max_concurrent_per_device * len(self.devices)
         self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hapi-compute")
+        self.send_order = SendOrder(
+            quiet_s=SEND_QUIET_S,
+            max_wait_s=self.settings.send_order_wait_s,
+            observe=self.metrics.send_order_wait_seconds.observe,
+        )
 
     async def aclose(self) -> None:
         await self.swift.aclose()

@@ -165,6 +165,7 @@ from hapi_contract import (
     HEADER_AUTH_TOKEN,
     HEADER_EXECUTION,
     HEADER_HAPI_REQUEST,
+    HEADER_PIPELINE,
     HEADER_STORAGE_URL,
     TIMINGS_PATH,
 )
@@ -259,6 +260,9 @@ class HapiMiddleware:
         trans_id = req.environ.get("swift.trans_id")
         if trans_id:
             headers["X-Trans-Id"] = str(trans_id)
+        pipeline = req.headers.get(HEADER_PIPELINE)
+        if pipeline and not timings:
+            headers[HEADER_PIPELINE] = pipeline
         upstream = forward(
             self.pool,
             hapi.body_bytes(),

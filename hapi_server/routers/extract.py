@@ -5,16 +5,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Header
 from fastapi.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
-from hapi_contract import CONTENT_TYPE_FRAMES, EXTRACT_PATH, ExtractRequest
+from hapi_contract import CONTENT_TYPE_FRAMES, EXTRACT_PATH, HEADER_PIPELINE, ExtractRequest
 
 from .. import core_host, route_docs
 from ..deps import CallerDep, StateDep
+from ..send_order import SendOrder, SendTurn
 
 router = APIRouter()
 
@@ -35,17 +36,29 @@ class _ReleasingStreamingResponse(StreamingResponse):
     A client that takes no frame for ``send_timeout_s`` is cut off (the filter's
     ``send_timeout``): its body ends there, the server closes the connection, and the
     request's memory and slot are freed instead of waiting on a reader that may never come.
+
+    With a ``turn`` in its client pipeline's :class:`~hapi_server.send_order.SendOrder`, each
+    frame first waits while an older response of the pipeline is sending.
     """
 
     def __init__(
-        self, *args: Any, on_close: Callable[[], None], send_timeout_s: float, **kwargs: Any
+        self,
+        *args: Any,
+        on_close: Callable[[], None],
+        send_timeout_s: float,
+        order: tuple[SendOrder, SendTurn] | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self._on_close = on_close
         self._send_timeout_s = send_timeout_s
+        self._order = order
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def send_within(message: Message) -> None:
+            order = self._order if message.get("body") else None
+            if order is not None:
+                await order[0].before_send(order[1])
             # A body's send waits while the client's socket is full (uvicorn's back-pressure):
             # that wait, and only that one, is what the timeout bounds.
             try:
@@ -53,6 +66,9 @@ class _ReleasingStreamingResponse(StreamingResponse):
                     await send(message)
             except TimeoutError:
                 raise _ClientStalled from None
+            finally:
+                if order is not None:
+                    order[0].after_send(order[1])
 
         try:
             await super().__call__(scope, receive, send_within)
@@ -75,13 +91,40 @@ class _ReleasingStreamingResponse(StreamingResponse):
 @router.post(
     EXTRACT_PATH, response_class=StreamingResponse, responses=route_docs.extract_responses()
 )
-async def extract(req: ExtractRequest, state: StateDep, caller: CallerDep) -> StreamingResponse:
+async def extract(
+    req: ExtractRequest,
+    state: StateDep,
+    caller: CallerDep,
+    pipeline: Annotated[
+        str | None,
+        Header(
+            alias=HEADER_PIPELINE,
+            max_length=64,
+            description="the client pipeline whose responses are sent in the order they arrived",
+        ),
+    ] = None,
+) -> StreamingResponse:
     """Run layers ``[0, split_index)`` over one shard and stream the features."""
-    prep = await core_host.prepare(state, caller, req)
+    order = state.send_order
+    # The place is taken on arrival: the order is the one the client asked in.
+    turn = order.open(caller.storage_url, pipeline) if pipeline else None
+
+    def close() -> None:
+        if turn is not None:
+            order.close(turn)
+        core_host.abandon(state, prep)
+
+    try:
+        prep = await core_host.prepare(state, caller, req)
+    except BaseException:
+        if turn is not None:
+            order.close(turn)
+        raise
     return _ReleasingStreamingResponse(
         core_host.stream(state, prep),
-        on_close=lambda: core_host.abandon(state, prep),
+        on_close=close,
         send_timeout_s=state.settings.send_timeout_s,
+        order=(order, turn) if turn is not None else None,
         media_type=CONTENT_TYPE_FRAMES,
         headers=core_host.headers(prep),
     )

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from hapi_client import ConfigurationError, DeliveryError
+from hapi_client.options import prefetch_depth
 from hapi_client.pipeline import (
     EpochCounters,
     LoadedShard,
@@ -144,3 +145,18 @@ def test_depth_shards_are_in_flight_while_a_shard_is_consumed(depth: int) -> Non
             asked_at_yield.append(pool.submitted)
     consumed = range(1, len(sizes) + 1)
     assert asked_at_yield == [min(len(sizes), k + depth) for k in consumed]
+
+
+@pytest.mark.parametrize(
+    ("prefetch", "batch", "shard", "ordered", "depth"),
+    [
+        (None, 50, 50, False, 2),  # one shard a batch, plus the next
+        (None, 50, 50, True, 3),  # in order: one arriving, one ready, one being computed
+        (None, 200, 50, True, 5),  # four shards a batch, plus the next
+        (2, 50, 50, True, 2),  # given: kept
+    ],
+)
+def test_shards_in_flight(
+    prefetch: int | None, batch: int, shard: int, ordered: bool, depth: int
+) -> None:
+    assert prefetch_depth(prefetch, batch, shard, ordered=ordered) == depth

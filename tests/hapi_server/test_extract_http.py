@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import hapi_models
 import httpx
 import pytest
@@ -11,6 +13,7 @@ from hapi_contract.frames import BatchFrame, FrameDecoder
 from hapi_stack import RunningStack
 
 from .conftest import SIDE, Dataset, ServerProcess, local_model
+from .server_helpers import assert_error, metric, post
 
 
 def fetch(
@@ -113,3 +116,35 @@ def test_models_health_metrics_openapi(hapi_server: ServerProcess) -> None:
     ):
         assert name in metrics
     assert "/v1/extract" in httpx.get(f"{hapi_server.url}/openapi.json").json()["paths"]
+
+
+def test_one_pipelines_requests_at_once_arrive_whole_and_in_order(
+    hapi_server: ServerProcess, dataset: Dataset
+) -> None:
+    """Two requests of one client pipeline at once (a prefetching client): both streams are
+    whole, each response's wait for the older one is counted, and an over-long pipeline name
+    is refused with a 4xx."""
+    count = "hapi_send_order_wait_seconds_count"
+    before = metric(hapi_server, count) or 0.0
+    headers = {**dataset.headers(), "X-Hapi-Pipeline": "a-test-pipeline"}
+
+    def fetch_one(shard: str) -> tuple[int, int]:
+        body = dataset.request("resnet18", shard, 4)
+        decoder = FrameDecoder()
+        samples = 0
+        with httpx.stream(
+            "POST", f"{hapi_server.url}/v1/extract", json=body, headers=headers, timeout=120
+        ) as resp:
+            assert resp.status_code == 200, resp.read()
+            for chunk in resp.iter_bytes():
+                samples += sum(f.count for f in decoder.feed(chunk) if isinstance(f, BatchFrame))
+        return samples, decoder.close().samples
+
+    shards = ["shards/shard-000000.tar", "shards/shard-000001.tar"]
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(fetch_one, shards))
+    assert got == [(len(dataset.shards[s][0]),) * 2 for s in shards]
+    assert (metric(hapi_server, count) or 0.0) == before + 2
+    body = dataset.request("resnet18", shards[0], 4)
+    long_name = {**dataset.headers(), "X-Hapi-Pipeline": "p" * 65}
+    assert_error(post(hapi_server, body, long_name), 422, "invalid_request")

@@ -32,7 +32,15 @@ DEMO_DEFAULTS: dict[str, float | int | None] = {
     name: value
     for name, value in dataclasses.asdict(DemoConfig()).items()
     if name
-    in ("rate_mbit", "train_per_class", "test_per_class", "batch_size", "epochs", "freeze_index")
+    in (
+        "rate_mbit",
+        "train_per_class",
+        "test_per_class",
+        "batch_size",
+        "epochs",
+        "freeze_index",
+        "prefetch",
+    )
 }
 
 #: ``hapi_client.datasets.SOURCE_SPEC_HELP``: the epilog of ``hapi upload dataset --help``.

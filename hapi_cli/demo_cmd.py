@@ -49,6 +49,7 @@ def _run(args: argparse.Namespace) -> int:
         "batch_size": args.batch_size,
         "epochs": args.epochs,
         "freeze_index": args.freeze_index,
+        "prefetch": args.prefetch,
     }
     args.state_dir.mkdir(parents=True, exist_ok=True)
     results = args.state_dir / "demo-results.json"
@@ -122,6 +123,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=int,
         default=DEMO_DEFAULTS["freeze_index"],
         help="layers before it stay frozen (default: %(default)s, the last two stages and the head train)",
+    )
+    p.add_argument(
+        "--prefetch",
+        type=int,
+        default=DEMO_DEFAULTS["prefetch"],
+        help="shards in flight in both runs (default: %(default)s)",
     )
     add_link_options(p, "demo")
     p.add_argument(

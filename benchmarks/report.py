@@ -213,6 +213,7 @@ def _oracle_section(oracle: ResultSet) -> list[str]:
             e.get("thesis_split"),
             e.get("thesis_over_best"),
             e["splits_measured"],
+            e.get("noise", "-"),
         )
         for e in summary
     ]
@@ -225,7 +226,10 @@ def _oracle_section(oracle: ResultSet) -> list[str]:
         f"splits (those whose bytes alone could still beat the best epoch so far); dataset of "
         f"{oracle.meta.get('dataset', {}).get('num_samples')} photos, batch {oracle.meta.get('batch_size')}. "
         "`auto` is the default rule (the smallest predicted time per iteration from the server's and the "
-        "client's measured costs), `thesis` is Algorithm 2.",
+        "client's measured costs), `thesis` is Algorithm 2. Then more epochs of auto's split and of the "
+        "fastest other one; each split is judged by the least of its epochs. *Noise*: the largest ratio "
+        "of a repeated split's longest epoch over its shortest; a ratio below it is not a measured "
+        "difference.",
         "",
         markdown_table(
             (
@@ -238,6 +242,7 @@ def _oracle_section(oracle: ResultSet) -> list[str]:
                 "thesis split",
                 "thesis / best",
                 "splits run",
+                "noise",
             ),
             table,
         ),

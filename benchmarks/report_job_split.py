@@ -38,8 +38,10 @@ def _setup(results: ResultSet) -> str:
         f"A {meta.get('epochs')}-epoch job with the feature cache at batch "
         f'{meta.get("batch_size")}; in each cell the job runs with `split="auto"`, the freeze '
         "index, BASELINE (split 0) and the splits whose predicted job is nearest auto's, each "
-        f"{meta.get('repeats', 1)} time(s) round after round, and each split is judged by the "
-        "least of its rounds. *Job*: the decision (0 for a forced split) plus every epoch. "
+        f"{meta.get('repeats', 1)} time(s) round after round"
+        + (" after a warm-up round that is not judged" if meta.get("warmup_round") else "")
+        + ", and each split is judged by the least of its rounds. *Job*: the decision (0 for a "
+        "forced split) plus every epoch. "
         "*Noise*: the largest ratio in the cell of one split's longest job over its shortest; "
         "a ratio below it is not a measured difference." + load_when_begun(meta)
     )

@@ -39,7 +39,7 @@ def test_summary_judges_auto_freeze_and_baseline_by_the_whole_job() -> None:
 
 def test_each_rule_is_judged_by_the_least_of_its_rounds_and_the_spread_is_reported() -> None:
     rows = [
-        _row("auto", 14, 13.0, decided=2.5),  # the first round: a cold decision and head
+        _row("auto", 14, 13.0, decided=2.5),  # a round with a cold decision and head
         _row("freeze", 17, 10.5),
         _row("baseline", 0, 20.0),
         _row("auto", 14, 10.4, decided=0.6),
@@ -52,6 +52,18 @@ def test_each_rule_is_judged_by_the_least_of_its_rounds_and_the_spread_is_report
     assert cell["auto_decided_s"] == 0.6 and cell["auto_decided_max_s"] == 2.5
     assert cell["noise"] == pytest.approx(1.25)  # auto's 13.0 over its 10.4
     assert "1.25" in format_job_split([cell])
+
+
+def test_the_warm_up_round_is_not_judged_but_its_cold_decision_is_reported() -> None:
+    warm_up = [
+        {**_row("auto", 14, 13.0, decided=2.5), "warmup": True},
+        {**_row("freeze", 17, 9.0), "warmup": True},  # faster, but not judged
+    ]
+    rows = [*warm_up, _row("auto", 14, 10.4, decided=0.6), _row("freeze", 17, 10.0)]
+    (cell,) = job_split_summary(rows)
+    assert cell["best_job_s"] == 10.0 and cell["auto_over_best"] == pytest.approx(1.04)
+    assert cell["noise"] == 1.0  # one judged round each
+    assert cell["auto_decided_s"] == 0.6 and cell["auto_decided_max_s"] == 2.5
 
 
 def test_the_scenario_is_registered_for_make_bench() -> None:

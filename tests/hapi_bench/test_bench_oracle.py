@@ -33,10 +33,31 @@ def test_summary_compares_each_rule_with_the_best_split() -> None:
     assert slow["thesis_over_best"] == pytest.approx(1.32)
     assert slow["splits_measured"] == 4
     fast = by_rate[50.0]
-    # The same split run twice: the faster run is the best, the rule's own run is compared.
+    # The same split run twice: judged by its faster epoch, whichever rule chose it; the
+    # spread between the two is the point's noise.
     assert fast["best_split"] == 3 and fast["auto_over_best"] == 1.0
-    assert fast["thesis_over_best"] == pytest.approx(1.1)
+    assert fast["thesis_over_best"] == 1.0 and fast["thesis_epoch_s"] == 5.0
+    assert fast["noise"] == pytest.approx(1.1) and slow["noise"] == 1.0
     assert "alexnet" in format_oracle(list(by_rate.values()))
+
+
+def test_confirming_epochs_judge_each_split_by_its_least() -> None:
+    """A lucky single epoch of another split (9: 10.0 s) is measured again: its least is
+    compared with auto's split's least, and the spread is reported."""
+    rows = [
+        _row("alexnet", 10.0, "auto", 8, 11.0),
+        _row("alexnet", 10.0, "thesis", 16, 13.2),
+        _row("alexnet", 10.0, "forced", 9, 10.0),
+        _row("alexnet", 10.0, "confirm", 8, 10.3),
+        _row("alexnet", 10.0, "confirm", 9, 10.8),
+        _row("alexnet", 10.0, "confirm", 8, 10.6),
+        _row("alexnet", 10.0, "confirm", 9, 11.0),
+    ]
+    (point,) = oracle_summary(rows)
+    assert point["best_split"] == 9 and point["best_epoch_s"] == 10.0
+    assert point["auto_epoch_s"] == 10.3 and point["auto_over_best"] == pytest.approx(1.03)
+    assert point["noise"] == pytest.approx(1.1)  # split 9's 11.0 over its 10.0
+    assert point["splits_measured"] == 3
 
 
 def test_crossover_is_where_link_time_equals_compute() -> None:

@@ -60,6 +60,8 @@ class SendOrder:
         self._seq = itertools.count()
         self._open: dict[tuple[str, str], list[SendTurn]] = {}
         self._changed = asyncio.Condition()
+        # The loop keeps only weak references to tasks: the notifications in flight are held.
+        self._notifying: set[asyncio.Task[None]] = set()
 
     def open(self, account: str, pipeline: str) -> SendTurn:
         """A place behind the pipeline's open responses: take it when the request arrives,
@@ -84,7 +86,9 @@ class SendOrder:
                 self._changed.notify_all()
 
         # Called from synchronous code on the loop: notify from a task of its own.
-        asyncio.get_running_loop().create_task(notify())
+        task = asyncio.get_running_loop().create_task(notify())
+        self._notifying.add(task)
+        task.add_done_callback(self._notifying.discard)
 
     def _older_busy_until(self, turn: SendTurn) -> float | None:
         """None when no older response of the pipeline is sending; else when to look again."""

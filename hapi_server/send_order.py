@@ -74,9 +74,10 @@ class SendOrder:
         group = self._open.get(turn.key, [])
         if turn in group:
             group.remove(turn)
-            if not group:
+            if group:
+                self._wake()  # the younger ones may be waiting for this one
+            else:
                 del self._open[turn.key]
-            self._wake()
             if self.observe is not None:
                 self.observe(turn.waited_s)
 
@@ -125,4 +126,6 @@ class SendOrder:
     def after_send(self, turn: SendTurn) -> None:
         turn.sending = False
         turn.last_sent = time.monotonic()
-        self._wake()
+        # Only another response of the pipeline can be waiting: a lone one's frames cost no task.
+        if len(self._open.get(turn.key, ())) > 1:
+            self._wake()

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from hapi_stack import PORT_SETTINGS
-from tests.hapi_server.conftest import free_port
+from hapi_stack import PORT_SETTINGS, pick_free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -99,7 +98,8 @@ def test_every_code_block_is_run_or_says_why() -> None:
 @pytest.fixture
 def own_stack(tmp_path: Path) -> dict[str, str]:
     """Where the README's stack goes: a state directory and a free port per service."""
-    ports = {setting: free_port() for setting in PORT_SETTINGS}
+    # Distinct: ports picked one at a time, each socket closed before the next, can repeat.
+    ports = dict(zip(PORT_SETTINGS, pick_free_ports(len(PORT_SETTINGS)), strict=True))
     flags = " ".join(f"--{s.replace('_', '-')} {p}" for s, p in ports.items())
     return {
         "up": f"hapi stack up --state-dir {tmp_path / 'state'} {flags}",

@@ -286,6 +286,11 @@ async def stream(state: ServerState, prep: Prepared) -> AsyncIterator[bytes]:
             state.metrics.bytes_streamed.labels("extract").inc(len(item))
             yield item
         result = await future
+        # Settled before the end frame, not left to the callback above: a client that has its
+        # response must find its features stored. The callback is only scheduled when the job
+        # ends; when it ended before this await, the end frame can be sent and the response
+        # closed (``finish``: settled as failed) before the callback runs.
+        prep.settle_shared(state, isinstance(result, JobStats))
         if result is None:  # cancelled: nobody reads an error frame
             return
         if isinstance(result, _JobFailure):

@@ -104,7 +104,8 @@ def measure_head(
     folds (the folds are the extraction's own, made here when missing; a folded pair's time is
     its convolution layer's, the norm layer's 0), and with ``layouts`` each one timed on a
     contiguous and on a ``channels_last`` input, the faster kept (the extraction runs its head
-    in the layout that is faster for it: :class:`hapi_models.LayoutChooser`). Each pass holds
+    in the layout that is faster for it: :class:`hapi_models.LayoutChooser`), and once where the
+    input has no ``channels_last`` form (a transformer's tokens). Each pass holds
     ``turn`` (a turn at the CPU's cores, as a forward pass does), so other requests' forwards
     do not inflate the times.
 
@@ -131,12 +132,18 @@ def measure_head(
                 with turn():
                     _sync(device)
                     start = time.perf_counter()
-                    for channels_last in shapes:
+                    warm = x[:WARM_UP_SAMPLES]
+                    for _, module in runs:
+                        warm = module(warm)
+                    _sync(device)
+                    per_sample = (time.perf_counter() - start) / WARM_UP_SAMPLES
+                    if layouts:
                         warm = x[:WARM_UP_SAMPLES]
                         for _, module in runs:
-                            warm = module(hapi_models.to_layout(warm, channels_last))
+                            if warm.dim() != 4:
+                                break  # no channels_last form from here: warmed above
+                            warm = module(hapi_models.to_layout(warm, True))
                     _sync(device)
-                per_sample = (time.perf_counter() - start) / (len(shapes) * WARM_UP_SAMPLES)
                 del warm
             x = x[: timed_samples(per_sample, len(images))]
             n = len(x)
@@ -148,6 +155,10 @@ def measure_head(
                 seconds = []
                 with turn():
                     for channels_last in shapes:
+                        if channels_last and x.dim() != 4:
+                            # No channels_last form (a transformer's tokens): the same run twice
+                            # doubled a ViT-B/16 plan's timing for nothing.
+                            continue
                         given = hapi_models.to_layout(x, channels_last)
                         _sync(device)
                         start = time.perf_counter()

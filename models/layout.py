@@ -38,9 +38,11 @@ import torch
 from . import listing_cache
 
 __all__ = [
+    "PROBE_FORWARD_S",
     "PROBE_SAMPLES",
     "STORE_KIND",
     "LayoutChooser",
+    "probe_samples",
     "run_in_chunks",
     "stored_key",
     "to_layout",
@@ -58,6 +60,13 @@ _TIMED_RUNS = 2
 #: compared, and eight samples keep a convolution's working set near a batch's (its activations
 #: outgrow the caches either way) while the timing costs a first request one batch of 32, not 3.
 PROBE_SAMPLES = 8
+#: Seconds one forward of the probe may take: a heavier head is timed on fewer samples (down to
+#: one, too few to time slice sizes on). Each layout runs three times and each slice size three
+#: more: at eight samples ViT-B/16's whole head (0.4 s a sample on one core of a 2-core AMD EPYC)
+#: cost its first request twelve forwards of eight samples, about 40 s, to choose between two
+#: layouts its tokens do not have. A head that heavy computes far more per byte of activations
+#: than the caches can hold back, which is where a slice size wins (the knee above).
+PROBE_FORWARD_S = 0.5
 #: The kept choices' directory in HAPI's cache directory.
 STORE_KIND = "layout"
 #: Bumped when a kept choice's key or entry changes: older files are then simply not found.
@@ -117,8 +126,12 @@ class LayoutChooser:
         if choice is not None:
             return run_in_chunks(head, to_layout(x, choice), self.chunk(key))
         # Each layout runs three times (a warm-up, then the timed runs): on the whole batch, that
-        # would cost a first request five batches' work beyond its own.
-        probe = x[:PROBE_SAMPLES]
+        # would cost a first request five batches' work beyond its own. One sample first says
+        # how heavy the head is (a first run: an overestimate, so never too many samples).
+        start = time.perf_counter()
+        head(x[:1])
+        _sync(x)
+        probe = x[: probe_samples(time.perf_counter() - start, len(x))]
         contiguous = _timed(head, probe)
         last = _timed(head, to_layout(probe, True))
         choice = last[0] < _MARGIN * contiguous[0]
@@ -167,6 +180,13 @@ class LayoutChooser:
             choice = self._choices[key]
         log.info("layout of %s: %s (kept)", key, "channels_last" if choice else "contiguous")
         return choice
+
+
+def probe_samples(per_sample_s: float, available: int) -> int:
+    """How many of ``available`` samples the layouts are timed on: :data:`PROBE_SAMPLES`, fewer
+    where a forward of them would take longer than :data:`PROBE_FORWARD_S`, at least one."""
+    fits = int(PROBE_FORWARD_S / per_sample_s) if per_sample_s > 0 else PROBE_SAMPLES
+    return max(1, min(available, PROBE_SAMPLES, fits))
 
 
 def stored_key(key: Hashable, device: torch.device) -> dict[str, Any] | None:

@@ -45,7 +45,8 @@ def test_the_choice_is_measured_once_per_key_and_kept() -> None:
     assert chooser.forward("k", head, x).equal(x * 2)
     assert chooser.known("k") in (True, False)
     measured = len(calls)
-    assert measured == 2 * (1 + layout._TIMED_RUNS)  # a warm-up and the timed runs per layout
+    # One sample to size the probe, then a warm-up and the timed runs per layout.
+    assert measured == 1 + 2 * (1 + layout._TIMED_RUNS)
     chooser.forward("k", head, x)
     assert len(calls) == measured + 1
 
@@ -207,10 +208,36 @@ def test_a_large_first_batch_is_timed_on_a_probe_and_run_once_in_the_kept_layout
     kept, chunk = chooser.known("k"), chooser.chunk("k")
     probe = layout.PROBE_SAMPLES
     runs = 1 + layout._TIMED_RUNS
-    assert sizes[: 2 * runs] == [(probe, False)] * runs + [(probe, True)] * runs
+    assert sizes[: 1 + 2 * runs] == [(1, False)] + [(probe, False)] * runs + [(probe, True)] * runs
     final = [(len(part), kept) for part in x.split(chunk or len(x))]
     assert sizes[-len(final) :] == final
     assert all(n <= probe for n, _ in sizes[: -len(final)])  # the slices timed on the probe
+
+
+def test_a_heavy_head_is_timed_on_fewer_samples_and_no_slices() -> None:
+    assert layout.probe_samples(0.001, 20) == layout.PROBE_SAMPLES
+    assert layout.probe_samples(0.001, 3) == 3
+    assert layout.probe_samples(layout.PROBE_FORWARD_S / 2, 20) == 2
+    assert layout.probe_samples(0.4, 20) == 1  # ViT-B/16's whole head on a CPU core
+    assert layout.probe_samples(0.0, 20) == layout.PROBE_SAMPLES
+
+
+def test_a_head_slower_than_the_probe_budget_is_timed_on_one_sample(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(layout, "PROBE_FORWARD_S", 0.0)  # any head is too heavy
+    sizes: list[int] = []
+
+    def head(x: torch.Tensor) -> torch.Tensor:
+        sizes.append(len(x))
+        return x * 2
+
+    chooser = LayoutChooser()
+    x = torch.arange(20 * 3 * 4 * 4, dtype=torch.float32).reshape(20, 3, 4, 4)
+    assert chooser.forward("k", head, x).equal(x * 2)
+    runs = 1 + layout._TIMED_RUNS
+    assert sizes == [1] * (1 + 2 * runs) + [20]  # no slice size timed: the batch runs whole
+    assert chooser.chunk("k") is None
 
 
 # The slice size per forward (CPU): a head's activations outgrow the caches as the batch grows.

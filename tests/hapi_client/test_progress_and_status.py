@@ -76,7 +76,7 @@ def warnings_logged() -> Iterator[_Recorder]:
 _STEPS = [
     ("preflight", r"^preflight ok in \d+\.\d\d s: "),
     ("model", r"^model client-models/efficientnet_lite0: [\d.]+ MB of weights .* in \d+\.\d\d s$"),
-    ("bandwidth", r"^bandwidth probe: \d+ bytes of photos-train/\S+ in \d+\.\d\d s = "),
+    ("bandwidth", r"^bandwidth probe: \d+ bytes of photos-train/\S+, \d+ timed in \d+\.\d\d s = "),
     ("client costs", r"^timings: the client's cost of layers \[0, \d+\) .* in \d+\.\d\d s$"),
     # The session's server may have timed this network for an earlier test: it then answers
     # from its kept timings (issue 31), and the line says which.

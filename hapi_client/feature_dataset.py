@@ -42,6 +42,7 @@ from hapi_contract import (
 
 from .errors import ConfigurationError
 from .feature_cache import FeatureCache
+from .frozen_layers import run_frozen
 from .model_store import StoredModel
 from .options import ExtractOptions, TrainOptions, prefetch_depth
 from .pipeline import EpochCounters, ShardLoader, iterate_batches, plan_epoch, rank_share
@@ -60,14 +61,6 @@ status = logging.getLogger("hapi_client.status")
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 _STATE_VERSION = 1
-
-#: This process's layout choices for the frozen layers it runs, as a HAPI server keeps its own
-#: for the heads it runs: BASELINE's frozen layers are the same computation as HAPI's head and
-#: must not be slower here (issue 30). Kept in the process and on disk, not in the module: a
-#: LocalModel stays a plain nn.Module that copies and pickles.
-_LAYOUTS = hapi_models.LayoutChooser(persist=True)
-#: Its frozen layers with their batch norms folded, as the server folds its heads.
-_FOLDER = hapi_models.BatchNormFolder()
 
 
 class LocalModel(nn.Module):
@@ -95,7 +88,7 @@ class LocalModel(nn.Module):
         x = features
         frozen = self.model.layers[self.split : self.freeze_index]
         if len(frozen):
-            x = _run_frozen(self.model.arch, self.split, self.freeze_index, frozen, x)
+            x = run_frozen(self.model.arch, self.split, self.freeze_index, frozen, x)
         for layer in self.model.layers[max(self.split, self.freeze_index) :]:
             x = layer(x)
         return x
@@ -112,20 +105,6 @@ class LocalModel(nn.Module):
     def full_model(self) -> hapi_models.SplittableModel:
         """The whole model with the trained weights (shared, not copied): save or upload it."""
         return self.model
-
-
-def _run_frozen(
-    arch: str, split: int, freeze: int, layers: nn.ModuleList, x: torch.Tensor
-) -> torch.Tensor:
-    """Layers ``[split, freeze)`` over ``x``, their batch norms folded
-    (:class:`hapi_models.BatchNormFolder`), in the layout that measured faster on this device
-    (``channels_last`` or not, and the samples per forward; :class:`hapi_models.LayoutChooser`);
-    the trainable layers after
-    them get a contiguous input, so that their training runs the kernels it always ran."""
-
-    head = _FOLDER.layers(layers, x)
-    key = ("client-frozen", arch, split, freeze, tuple(x.shape[1:]), str(x.device))
-    return _LAYOUTS.forward(key, head, x).contiguous()
 
 
 class FeatureDataset(IterableDataset[Batch]):

@@ -56,11 +56,6 @@ class HeadMeasurement:
     """The images the layers were timed over."""
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 #: Samples of the untimed warm-up pass: one sample runs every layer's kernels and allocations
 #: once, which is what the warm-up is for; each further sample only added to a cold plan.
 WARM_UP_SAMPLES = 1
@@ -123,59 +118,29 @@ def measure_head(
         layers = model.layers[:split]
         with torch.inference_mode():
             runs = folder.runs(layers, x) if folder is not None else [(1, m) for m in layers]
-            shapes = (False, True) if layouts else (False,)
             per_sample = known_s
             if warm_up:
                 # A sample warms the kernels and the allocator; a whole batch would
                 # double what a first timing costs on a CPU. Timed, it says how heavy a sample
                 # is (an overestimate: a first pass is slower).
-                with turn():
-                    _sync(device)
-                    start = time.perf_counter()
-                    warm = x[:WARM_UP_SAMPLES]
-                    for _, module in runs:
-                        warm = module(warm)
-                    _sync(device)
-                    per_sample = (time.perf_counter() - start) / WARM_UP_SAMPLES
-                    if layouts:
-                        warm = x[:WARM_UP_SAMPLES]
-                        for _, module in runs:
-                            if warm.dim() != 4:
-                                break  # no channels_last form from here: warmed above
-                            warm = module(hapi_models.to_layout(warm, True))
-                    _sync(device)
-                del warm
+                per_sample = hapi_models.warm_up_runs(
+                    runs, x[:WARM_UP_SAMPLES], layouts=layouts, turn=turn
+                )
             x = x[: timed_samples(per_sample, len(images))]
             n = len(x)
             labels = torch.zeros(n, dtype=torch.int64)
-            times: list[float] = []
             encode: list[float] = []
             sizes: list[float] = []
-            for count, module in runs:
-                seconds = []
-                with turn():
-                    for channels_last in shapes:
-                        if channels_last and x.dim() != 4:
-                            # No channels_last form (a transformer's tokens): the same run twice
-                            # doubled a ViT-B/16 plan's timing for nothing.
-                            continue
-                        given = hapi_models.to_layout(x, channels_last)
-                        _sync(device)
-                        start = time.perf_counter()
-                        out = module(given)
-                        _sync(device)
-                        seconds.append((time.perf_counter() - start) / n)
-                        if not channels_last:
-                            y = out
-                    del given, out
-                x = y.contiguous()
-                times += [min(seconds)] + [0.0] * (count - 1)
+
+            def encoded(y: torch.Tensor, count: int) -> None:
                 # A folded pair's output stands for both layers' (a norm keeps its input's shape).
                 start = time.perf_counter()
-                frame = encoder.batch(x.to("cpu"), labels, offset=0)
+                frame = encoder.batch(y.to("cpu"), labels, offset=0)
                 spent = (time.perf_counter() - start) / n
-                encode += [spent] * count
-                sizes += [len(frame) / n] * count
+                encode.extend([spent] * count)
+                sizes.extend([len(frame) / n] * count)
+
+            times, _ = hapi_models.time_runs(runs, x, layouts=layouts, turn=turn, each=encoded)
     except NotImplementedError:
         raise
     except RuntimeError as exc:  # the same reading as the engine's: the device ran out

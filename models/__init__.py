@@ -36,6 +36,7 @@ from .finetune import (
 )
 from .folding import BatchNormFolder, fold_batch_norms, folded_parameter_bytes
 from .graph_split import GraphLayers, split_graph
+from .layer_timing import sync, time_runs, warm_up_runs
 from .layout import LayoutChooser, to_layout
 from .listing import Listing, ModelListing, describe_model, describe_models
 from .profiling import LayerProfile, ModelProfile, profile
@@ -124,6 +125,9 @@ __all__ = [
     "split_points",
     "thesis_models",
     "to_layout",
+    "sync",
+    "time_runs",
+    "warm_up_runs",
     "fold_batch_norms",
     "folded_parameter_bytes",
     "torchvision_weights",

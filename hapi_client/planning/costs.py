@@ -43,6 +43,7 @@ from hapi_contract.layouts import parse_part
 from hapi_contract.shard_reading import check_pin
 
 from ..errors import ConfigurationError, HapiClientError
+from ..frozen_layers import FOLDER, LAYOUTS
 from ..shard_loaders import OBJECT_READ_CONCURRENCY, read_source
 from .cost_cache import KeptCosts, cost_key, read_costs, write_costs
 from .time_rule import ClientCosts, ServerCosts
@@ -114,11 +115,6 @@ class _Sampled:
     objects_per_s: float | None
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def measure_client_costs(
     net: hapi_models.SplittableModel,
     transform: hapi_models.InputTransform,
@@ -166,27 +162,19 @@ def measure_client_costs(
     was_training = net.training
     net.eval()
     layers = list(net.layers)
-    times: list[float] = []
     try:
         with torch.inference_mode():
+            # As the local model runs them (folded, in the faster layout), and as the server
+            # times its head (hapi_models.time_runs): the rule compares the two.
+            runs = FOLDER.runs(layers[:freeze_index], x)
             # A sample warms the kernels and the allocator: a whole batch would double
             # the seconds this costs on a CPU for no better steady state.
             # Timed, it says how heavy a sample is: a heavy head is timed over fewer samples.
-            _sync(device)
-            t0 = time.perf_counter()
-            warm = x[:WARM_UP_SAMPLES]
-            for layer in layers[:freeze_index]:
-                warm = layer(warm)
-            _sync(device)
-            batch = timed_samples((time.perf_counter() - t0) / len(warm), batch)
-            del warm
-            x = x[:batch]
-            for layer in layers[:freeze_index]:
-                _sync(device)
-                t0 = time.perf_counter()
-                x = layer(x)
-                _sync(device)
-                times.append((time.perf_counter() - t0) / batch)
+            per_sample = hapi_models.warm_up_runs(
+                runs, x[:WARM_UP_SAMPLES], layouts=LAYOUTS.enabled
+            )
+            batch = timed_samples(per_sample, batch)
+            times, x = hapi_models.time_runs(runs, x[:batch], layouts=LAYOUTS.enabled)
     finally:
         net.train(was_training)
     tail = copy.deepcopy(nn.Sequential(*layers[freeze_index:])).to(device).train()
@@ -196,18 +184,18 @@ def measure_client_costs(
     optimizer = torch.optim.SGD(params, lr=1e-3, momentum=0.9) if params else None
     train = step = 0.0
     for _ in range(2):  # the first round warms up; the second is kept
-        _sync(device)
+        hapi_models.sync(device)
         t0 = time.perf_counter()
         out = tail(features)
         loss = functional.cross_entropy(out.flatten(1), labels)
         if params:
             loss.backward()
-        _sync(device)
+        hapi_models.sync(device)
         t1 = time.perf_counter()
         if optimizer is not None:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        _sync(device)
+        hapi_models.sync(device)
         train, step = (t1 - t0) / batch, time.perf_counter() - t1
     costs = ClientCosts(decode, times, train, step, str(device))
     _client_costs[key] = costs

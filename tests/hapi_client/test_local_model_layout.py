@@ -10,7 +10,7 @@ import pytest
 import torch
 from hapi_models import layout
 
-from hapi_client import feature_dataset
+from hapi_client import frozen_layers
 from hapi_client.feature_dataset import LocalModel
 
 
@@ -23,9 +23,9 @@ def _channels_last_measures_faster(
 def test_baseline_runs_its_frozen_layers_in_the_chosen_layout_and_its_tail_as_before(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(feature_dataset, "_LAYOUTS", hapi_models.LayoutChooser())
+    monkeypatch.setattr(frozen_layers, "LAYOUTS", hapi_models.LayoutChooser())
     # The layers as built, so that hooks on them see their inputs (a folded copy runs no hook).
-    monkeypatch.setattr(feature_dataset, "_FOLDER", hapi_models.BatchNormFolder(enabled=False))
+    monkeypatch.setattr(frozen_layers, "FOLDER", hapi_models.BatchNormFolder(enabled=False))
     monkeypatch.setattr(layout, "_timed", _channels_last_measures_faster)
     torch.manual_seed(0)
     net = hapi_models.get_model("resnet18", num_classes=3)

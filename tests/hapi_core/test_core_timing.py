@@ -127,29 +127,3 @@ def test_the_head_is_timed_as_the_extraction_runs_it_folded_in_both_layouts_in_t
     assert not any(isinstance(m, nn.BatchNorm2d) for m in runs[0][1].modules())  # folded
     # The warm-up and each run's timing (both layouts) held a turn at the cores.
     assert turns.taken == 1 + len(runs)
-
-
-def test_layers_without_a_channels_last_form_are_timed_once() -> None:
-    # A transformer's layers take tokens (3-d): their channels_last "form" is the same tensor,
-    # and timing them in both layouts ran each twice for one answer.
-    image_layer, token_layer = _Counted(), _Counted()
-    layers = [image_layer, nn.Flatten(2), token_layer]
-    model = cast(hapi_models.SplittableModel, type("Model", (), {"layers": layers})())
-    images = [random_jpeg(i) for i in range(4)]
-    got = measure_head(
-        model,
-        3,
-        images,
-        TRANSFORM,
-        torch.device("cpu"),
-        FrameEncoder(dtype=OutputDtype.FLOAT32, compression=Compression.NONE),
-        1 << 24,
-        warm_up=True,
-        layouts=True,
-    )
-    assert got.samples == 4
-    # Warm-up: one sample per layout for the image layer, one for the token layer; then the
-    # timed pass: both layouts for the image layer, one for the token layer.
-    assert image_layer.samples == 2 + 2 * got.samples
-    assert token_layer.samples == 1 + got.samples
-    assert all(t >= 0 for t in got.layer_s_per_sample) and len(got.layer_s_per_sample) == 3

@@ -22,7 +22,8 @@ __all__ = ["FOLDER", "LAYOUTS", "run_frozen"]
 #: must not be slower here. Kept in the process and on disk, not in a module: a LocalModel
 #: stays a plain nn.Module that copies and pickles.
 LAYOUTS = hapi_models.LayoutChooser(persist=True)
-#: The frozen layers' folds, made once per module and shared by the runs and the timings.
+#: The frozen layers' folds, made once per module and kept while it lives (the plan's timing folds
+#: copies of its own: it also times layers a split leaves to the server).
 FOLDER = hapi_models.BatchNormFolder()
 
 

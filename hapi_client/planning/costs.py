@@ -165,8 +165,11 @@ def measure_client_costs(
     try:
         with torch.inference_mode():
             # As the local model runs them (folded, in the faster layout), and as the server
-            # times its head (hapi_models.time_runs): the rule compares the two.
-            runs = FOLDER.runs(layers[:freeze_index], x)
+            # times its head (hapi_models.time_runs): the rule compares the two. Folded by a
+            # folder of its own: the run's keeps its folds while the layers live, and those of
+            # the layers a split leaves to the server would be dead weight.
+            folder = hapi_models.BatchNormFolder(FOLDER.enabled)
+            runs = folder.runs(layers[:freeze_index], x)
             # A sample warms the kernels and the allocator: a whole batch would double
             # the seconds this costs on a CPU for no better steady state.
             # Timed, it says how heavy a sample is: a heavy head is timed over fewer samples.

@@ -19,7 +19,7 @@ __all__ = ["FOLDER", "LAYOUTS", "run_frozen"]
 
 #: This process's layout choices for the frozen layers it runs, as a HAPI server keeps its own
 #: for the heads it runs: BASELINE's frozen layers are the same computation as HAPI's head and
-#: must not be slower here. Kept in the process and on disk, not in a module: a LocalModel
+#: must not be slower here. Kept in the process and on disk, not in the LocalModel, which
 #: stays a plain nn.Module that copies and pickles.
 LAYOUTS = hapi_models.LayoutChooser(persist=True)
 #: The frozen layers' folds, made once per module and kept while it lives (the plan's timing folds

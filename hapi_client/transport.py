@@ -10,6 +10,7 @@ object server or memcached (``hapi stack up``) within the budget costs a pause, 
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
@@ -26,6 +27,7 @@ from hapi_contract import (
     API_PREFIX,
     HEADER_METRICS,
     HEADER_PIPELINE,
+    HEADER_PIPELINE_SEQ,
     ExtractRequest,
     FinetuneMetrics,
     FinetuneRequest,
@@ -111,6 +113,9 @@ class HapiTransport:
         #: This client's extractions are one pipeline: the server sends their responses in the
         #: order they were asked for (``HEADER_PIPELINE``), what the client consumes next first.
         self.pipeline = uuid.uuid4().hex
+        #: Each extraction's place in the pipeline (``HEADER_PIPELINE_SEQ``), taken when it is
+        #: asked for, before its connection races the others' to the server; a retry keeps it.
+        self._asked = itertools.count()
 
     def close(self) -> None:
         self._http.close()
@@ -265,14 +270,13 @@ class HapiTransport:
 
     def extract(self, req: ExtractRequest, num_samples: int | None = None) -> ShardFeatures:
         body = req.model_dump(mode="json")
+        order = {HEADER_PIPELINE: self.pipeline, HEADER_PIPELINE_SEQ: str(next(self._asked))}
         result, attempts = self._request(
             f"extracting {req.container}/{req.shard}",
             req.container,
             req.shard,
             "extract",
-            lambda url, headers: self._extract_once(
-                url, {**headers, HEADER_PIPELINE: self.pipeline}, body
-            ),
+            lambda url, headers: self._extract_once(url, {**headers, **order}, body),
         )
         if num_samples is not None and result.end.samples != num_samples:
             raise DeliveryError(

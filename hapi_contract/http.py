@@ -19,11 +19,13 @@ __all__ = [
     "HEADER_HAPI_REQUEST",
     "HEADER_METRICS",
     "HEADER_PIPELINE",
+    "HEADER_PIPELINE_SEQ",
     "HEADER_REQUEST_ID",
     "HEADER_SAMPLES",
     "HEADER_SHA256",
     "HEADER_STORAGE_URL",
     "HEALTH_PATH",
+    "MAX_PIPELINE_SEQ",
     "METRICS_PATH",
     "MODELS_PATH",
     "TIMINGS_PATH",
@@ -61,8 +63,16 @@ HEADER_STORAGE_URL = "X-Storage-Url"
 
 HEADER_PIPELINE = "X-Hapi-Pipeline"
 """An extraction's client pipeline (any token of up to 64 characters the client keeps for its
-requests): the server sends one pipeline's responses in the order they arrived
+requests): the server sends one pipeline's responses in the order they were asked for
 (``docs/server.md``, send order)."""
+
+HEADER_PIPELINE_SEQ = "X-Hapi-Pipeline-Seq"
+"""An extraction's place in its pipeline (an integer from 0 to ``MAX_PIPELINE_SEQ``, growing in
+the order the client asks): the order the server sends the pipeline's responses in. Without it,
+the order they arrived in, which requests asked together (a client filling its pipeline) do not
+keep: each comes on a connection of its own."""
+
+MAX_PIPELINE_SEQ = 2**62
 
 HEADER_HAPI_REQUEST = "X-Hapi-Request"
 """Swift proxy filter: the header that turns a POST to an object into a HAPI request; its value

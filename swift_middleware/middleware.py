@@ -166,6 +166,7 @@ from hapi_contract import (
     HEADER_EXECUTION,
     HEADER_HAPI_REQUEST,
     HEADER_PIPELINE,
+    HEADER_PIPELINE_SEQ,
     HEADER_STORAGE_URL,
     TIMINGS_PATH,
 )
@@ -260,9 +261,10 @@ class HapiMiddleware:
         trans_id = req.environ.get("swift.trans_id")
         if trans_id:
             headers["X-Trans-Id"] = str(trans_id)
-        pipeline = req.headers.get(HEADER_PIPELINE)
-        if pipeline and not timings:
-            headers[HEADER_PIPELINE] = pipeline
+        if not timings:
+            for name in (HEADER_PIPELINE, HEADER_PIPELINE_SEQ):
+                if value := req.headers.get(name):
+                    headers[name] = value
         upstream = forward(
             self.pool,
             hapi.body_bytes(),

@@ -11,11 +11,18 @@ from fastapi import APIRouter, Header
 from fastapi.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
-from hapi_contract import CONTENT_TYPE_FRAMES, EXTRACT_PATH, HEADER_PIPELINE, ExtractRequest
+from hapi_contract import (
+    CONTENT_TYPE_FRAMES,
+    EXTRACT_PATH,
+    HEADER_PIPELINE,
+    HEADER_PIPELINE_SEQ,
+    MAX_PIPELINE_SEQ,
+    ExtractRequest,
+)
 
 from .. import core_host, route_docs
 from ..deps import CallerDep, StateDep
-from ..send_order import SendOrder, SendTurn
+from ..send_order import PIECE_BYTES, SendOrder, SendTurn
 
 router = APIRouter()
 
@@ -38,7 +45,9 @@ class _ReleasingStreamingResponse(StreamingResponse):
     request's memory and slot are freed instead of waiting on a reader that may never come.
 
     With a ``turn`` in its client pipeline's :class:`~hapi_server.send_order.SendOrder`, each
-    frame first waits while an older response of the pipeline is sending.
+    frame first waits while an older response of the pipeline is sending, and goes out in
+    pieces while others of the pipeline are open (an older one takes the link back between
+    them).
     """
 
     def __init__(
@@ -55,10 +64,7 @@ class _ReleasingStreamingResponse(StreamingResponse):
         self._order = order
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def send_within(message: Message) -> None:
-            order = self._order if message.get("body") else None
-            if order is not None:
-                await order[0].before_send(order[1])
+        async def send_one(message: Message) -> None:
             # A body's send waits while the client's socket is full (uvicorn's back-pressure):
             # that wait, and only that one, is what the timeout bounds.
             try:
@@ -66,9 +72,23 @@ class _ReleasingStreamingResponse(StreamingResponse):
                     await send(message)
             except TimeoutError:
                 raise _ClientStalled from None
-            finally:
-                if order is not None:
-                    order[0].after_send(order[1])
+
+        async def send_within(message: Message) -> None:
+            body = message.get("body")
+            if self._order is None or not body:
+                await send_one(message)
+                return
+            order, turn = self._order
+            step = PIECE_BYTES if order.shared(turn) else len(body)
+            more = bool(message.get("more_body", False))
+            for start in range(0, len(body), step):
+                await order.before_send(turn)
+                try:
+                    last = start + step >= len(body)
+                    piece = body[start : start + step]
+                    await send_one({**message, "body": piece, "more_body": more or not last})
+                finally:
+                    order.after_send(turn)
 
         try:
             await super().__call__(scope, receive, send_within)
@@ -100,14 +120,23 @@ async def extract(
         Header(
             alias=HEADER_PIPELINE,
             max_length=64,
-            description="the client pipeline whose responses are sent in the order they arrived",
+            description="the client pipeline whose responses are sent in the order asked for",
+        ),
+    ] = None,
+    pipeline_seq: Annotated[
+        int | None,
+        Header(
+            alias=HEADER_PIPELINE_SEQ,
+            ge=0,
+            le=MAX_PIPELINE_SEQ,
+            description="this request's place in its pipeline (the client's order)",
         ),
     ] = None,
 ) -> StreamingResponse:
     """Run layers ``[0, split_index)`` over one shard and stream the features."""
     order = state.send_order
-    # The place is taken on arrival: the order is the one the client asked in.
-    turn = order.open(caller.storage_url, pipeline) if pipeline else None
+    # The place is taken on arrival, in the client's order where it says it.
+    turn = order.open(caller.storage_url, pipeline, pipeline_seq) if pipeline else None
 
     def close() -> None:
         if turn is not None:

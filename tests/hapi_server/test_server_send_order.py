@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
 from hapi_server.main import listening_socket
 from hapi_server.routers.extract import _ReleasingStreamingResponse
-from hapi_server.send_order import SendOrder, SendTurn
+from hapi_server.send_order import PIECE_BYTES, SendOrder, SendTurn
 from hapi_server.settings import ServerSettings
 
 ACCOUNT = "http://swift/v1/AUTH_test"
@@ -147,6 +148,111 @@ def test_a_younger_responses_frames_leave_after_the_older_ones() -> None:
         return sent
 
     assert asyncio.run(scenario()) == ["older-frame", "younger-frame"]
+
+
+def test_the_clients_order_beats_the_arrival_order() -> None:
+    """Requests asked together race to the server on connections of their own: the place is the
+    client's (``X-Hapi-Pipeline-Seq``), not the arrival's."""
+
+    async def scenario() -> tuple[bool, float]:
+        order = SendOrder(quiet_s=60.0, max_wait_s=60.0)
+        second = order.open(ACCOUNT, "p", asked=1)  # arrived first
+        first = order.open(ACCOUNT, "p", asked=0)
+        await order.before_send(first)  # the client's first holds the second...
+        task = asyncio.create_task(order.before_send(second))
+        await _yield()
+        held = not task.done()
+        order.after_send(first)
+        order.close(first)
+        await asyncio.wait_for(task, 10)
+        return held, first.waited_s  # ...and never waits for it
+
+    assert asyncio.run(scenario()) == (True, 0.0)
+
+
+def _asgi_send(log: list[tuple[str, int]], name: str, blocked: asyncio.Event | None) -> Any:
+    """An ASGI send that logs each body piece when handed over; ``blocked``: a full socket
+    until set, for the first piece."""
+
+    async def send(message: Any) -> None:
+        if message.get("body"):
+            log.append((name, len(message["body"])))
+            assert message["more_body"]  # a frame's pieces, then the end of the body
+            if blocked is not None and not blocked.is_set():
+                await blocked.wait()
+
+    return send
+
+
+async def _never_disconnects() -> Any:
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
+def test_a_younger_frame_goes_in_pieces_and_gives_the_link_back() -> None:
+    """A younger response that went first (the older one still computing) sends its frame in
+    pieces: once the older one sends, the younger's next piece waits for it."""
+
+    async def scenario() -> list[tuple[str, int]]:
+        order = SendOrder(quiet_s=60.0, max_wait_s=60.0)
+        older, younger = order.open(ACCOUNT, "p"), order.open(ACCOUNT, "p")
+        computed, socket_drained = asyncio.Event(), asyncio.Event()
+        log: list[tuple[str, int]] = []
+
+        async def older_frames() -> AsyncIterator[bytes]:
+            await computed.wait()
+            yield b"o" * 1000
+
+        async def younger_frames() -> AsyncIterator[bytes]:
+            yield b"y" * (3 * PIECE_BYTES)
+
+        scope = {"type": "http", "asgi": {"spec_version": "2.4"}}
+        runs = [
+            _ReleasingStreamingResponse(
+                frames,
+                on_close=functools.partial(order.close, turn),
+                send_timeout_s=60,
+                order=(order, turn),
+            )(scope, _never_disconnects, send)
+            for frames, turn, send in (
+                (older_frames(), older, _asgi_send(log, "older", None)),
+                (younger_frames(), younger, _asgi_send(log, "younger", socket_drained)),
+            )
+        ]
+        tasks = [asyncio.create_task(run) for run in runs]
+        await _yield()
+        assert log == [("younger", PIECE_BYTES)]  # the older one computes: the link is used
+        computed.set()
+        await _yield()
+        socket_drained.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        return log
+
+    assert asyncio.run(scenario()) == [
+        ("younger", PIECE_BYTES),
+        ("older", 1000),
+        ("younger", PIECE_BYTES),
+        ("younger", PIECE_BYTES),
+    ]
+
+
+def test_a_response_alone_in_its_pipeline_sends_its_frame_whole() -> None:
+    async def scenario() -> list[tuple[str, int]]:
+        order = SendOrder(quiet_s=60.0, max_wait_s=60.0)
+        turn = order.open(ACCOUNT, "p")
+        log: list[tuple[str, int]] = []
+
+        async def frames() -> AsyncIterator[bytes]:
+            yield b"x" * (3 * PIECE_BYTES)
+
+        response = _ReleasingStreamingResponse(
+            frames(), on_close=lambda: order.close(turn), send_timeout_s=60, order=(order, turn)
+        )
+        scope = {"type": "http", "asgi": {"spec_version": "2.4"}}
+        await response(scope, _never_disconnects, _asgi_send(log, "alone", None))
+        return log
+
+    assert asyncio.run(scenario()) == [("alone", 3 * PIECE_BYTES)]
 
 
 def test_the_listening_socket_keeps_little_unsent() -> None:

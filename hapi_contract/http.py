@@ -25,9 +25,9 @@ __all__ = [
     "HEADER_SHA256",
     "HEADER_STORAGE_URL",
     "HEALTH_PATH",
-    "MAX_PIPELINE_SEQ",
     "METRICS_PATH",
     "MODELS_PATH",
+    "PIPELINE_SEQ_PATTERN",
     "TIMINGS_PATH",
 ]
 
@@ -67,12 +67,12 @@ requests): the server sends one pipeline's responses in the order they were aske
 (``docs/server.md``, send order)."""
 
 HEADER_PIPELINE_SEQ = "X-Hapi-Pipeline-Seq"
-"""An extraction's place in its pipeline (an integer from 0 to ``MAX_PIPELINE_SEQ``, growing in
-the order the client asks): the order the server sends the pipeline's responses in. Without it,
-the order they arrived in, which requests asked together (a client filling its pipeline) do not
-keep: each comes on a connection of its own."""
+"""An extraction's place in its pipeline (an integer of at most 18 digits, ``PIPELINE_SEQ_PATTERN``,
+growing in the order the client asks): the order the server sends the pipeline's responses in.
+Without it, the order they arrived in, which requests asked together (a client filling its
+pipeline) do not keep: each comes on a connection of its own."""
 
-MAX_PIPELINE_SEQ = 2**62
+PIPELINE_SEQ_PATTERN = r"^[0-9]{1,18}$"
 
 HEADER_HAPI_REQUEST = "X-Hapi-Request"
 """Swift proxy filter: the header that turns a POST to an object into a HAPI request; its value

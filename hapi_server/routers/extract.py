@@ -16,7 +16,7 @@ from hapi_contract import (
     EXTRACT_PATH,
     HEADER_PIPELINE,
     HEADER_PIPELINE_SEQ,
-    MAX_PIPELINE_SEQ,
+    PIPELINE_SEQ_PATTERN,
     ExtractRequest,
 )
 
@@ -123,20 +123,22 @@ async def extract(
             description="the client pipeline whose responses are sent in the order asked for",
         ),
     ] = None,
+    # A string of digits, not ``int | None``: a header cannot be null, and the schema of an
+    # optional integer says it may be (a fuzzer sends the text "null", which is then refused).
     pipeline_seq: Annotated[
-        int | None,
+        str,
         Header(
             alias=HEADER_PIPELINE_SEQ,
-            ge=0,
-            le=MAX_PIPELINE_SEQ,
-            description="this request's place in its pipeline (the client's order)",
+            pattern=PIPELINE_SEQ_PATTERN,
+            description="this request's place in its pipeline (the client's order): digits",
         ),
-    ] = None,
+    ] = "",
 ) -> StreamingResponse:
     """Run layers ``[0, split_index)`` over one shard and stream the features."""
     order = state.send_order
     # The place is taken on arrival, in the client's order where it says it.
-    turn = order.open(caller.storage_url, pipeline, pipeline_seq) if pipeline else None
+    asked = int(pipeline_seq) if pipeline_seq else None
+    turn = order.open(caller.storage_url, pipeline, asked) if pipeline else None
 
     def close() -> None:
         if turn is not None:

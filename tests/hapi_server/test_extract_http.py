@@ -148,6 +148,6 @@ def test_one_pipelines_requests_at_once_arrive_whole_and_in_order(
     body = dataset.request("resnet18", shards[0], 4)
     long_name = {**dataset.headers(), "X-Hapi-Pipeline": "p" * 65}
     assert_error(post(hapi_server, body, long_name), 422, "invalid_request")
-    for seq in ("-1", "first", str(2**62 + 1)):
+    for seq in ("-1", "first", "1" * 19, "null"):
         bad_seq = {**headers, "X-Hapi-Pipeline-Seq": seq}
         assert_error(post(hapi_server, body, bad_seq), 422, "invalid_request")

@@ -39,7 +39,18 @@ def _setup(results: ResultSet) -> str:
         f'{meta.get("batch_size")}; in each cell the job runs with `split="auto"`, the freeze '
         "index, BASELINE (split 0) and the splits whose predicted job is nearest auto's, each "
         f"{meta.get('repeats', 1)} time(s) round after round"
-        + (" after a warm-up round that is not judged" if meta.get("warmup_round") else "")
+        + (
+            " after a warm-up round of auto and the extra splits that is not judged (the freeze "
+            "index's head was run by the server's warm-up extraction; BASELINE has none)"
+            if meta.get("warmup_round")
+            else ""
+        )
+        + (
+            f"; a run over {meta['prune_over_best']:g}x the cell's best after the first judged "
+            "round is not repeated"
+            if meta.get("prune_over_best")
+            else ""
+        )
         + ", and each split is judged by the least of its rounds. *Job*: the decision (0 for a "
         "forced split) plus every epoch. "
         "*Noise*: the largest ratio in the cell of one split's longest job over its shortest; "

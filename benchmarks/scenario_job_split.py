@@ -10,18 +10,27 @@ ImageNet-size images uploaded as shards give the comparison.
 Datasets: the photos at about 12 KB (``SMALL_SIZE``) and about 110 KB (``LARGE_SIZE``) per JPEG
 indexed in place, and the large ones uploaded as shards. Models: two modern backbones and one of
 the thesis' networks. The quick grid is small: one folder dataset of small images, two models,
-two rates, one extra split per cell.
+two rates, one extra split per cell. The full grid's second modern backbone is RegNetY-400MF,
+not ConvNeXt-T: a ConvNeXt-T forward takes about 130 ms per image on one core of the 2-core
+machines this runs on, so one 600-image epoch at the freeze index is over a minute of the
+server's core and one cell of some twelve jobs half an hour; the 27 cells would take a day.
 
 The ratios judged are a few percent apart, so the scenario's own noise must be below them:
-every dataset holds ``PER_CLASS`` x 10 images (about twenty iterations per epoch, so that the
-decision's half second or so is a small part of the job, as in any job worth planning), and
-every run of a cell is made ``REPEATS`` times, round after round, each split's job time the
-least of its rounds. A first round before them is not judged (``warmup``): it pays what a
-server and a client pay once per split (a head's first batch at a split, its memory probe, the
-server's first timing of a head), which in the run before this round existed made a split's
-three jobs differ by up to 1.39x. Its decisions are reported as the cold ones. The summary
-gives the spread between the judged rounds (``noise``: the largest of a rule's longest over
-its shortest job) beside the ratios it judges.
+the small-image dataset holds ``PER_CLASS`` x 10 images (about twenty iterations per epoch, so
+that the decision's half second or so is a small part of the job, as in any job worth
+planning; the large-image ones ``LARGE_PER_CLASS`` x 10, whose images cost several times as
+much to decode and to ship), and every run of a cell is made ``REPEATS`` times (the full grid
+``FULL_REPEATS``), round after round, each split's job time the least of its rounds. A first
+round before them is not judged (``warmup``): it pays what a server and a client pay once per
+split (a head's first batch at a split, its memory probe, the server's first timing of a
+head), which in the run before this round existed made a split's three jobs differ by up to
+1.39x. Its decisions are reported as the cold ones. The freeze index and BASELINE skip it: the
+server's warm-up extraction already ran the freeze index's head, and BASELINE has none. A run
+slower than ``PRUNE_OVER_BEST`` x the cell's best job after the first judged round is not run
+again: more rounds cannot bring it near the 1.10 judged (BASELINE at 5 Mbit/s, whose image
+bytes take a minute a job, most of all). The summary gives the spread between the judged
+rounds (``noise``: the largest of a rule's longest over its shortest job) beside the ratios it
+judges.
 """
 
 from __future__ import annotations
@@ -49,7 +58,7 @@ __all__ = ["format_job_split", "job_split_summary", "run_job_split"]
 log = logging.getLogger(__name__)
 
 QUICK_MODELS = ("mobilenet_v3_small", "alexnet")
-FULL_MODELS = ("mobilenet_v3_small", "convnext_tiny", "alexnet")
+FULL_MODELS = ("mobilenet_v3_small", "regnet_y_400mf", "alexnet")
 QUICK_RATES_MBIT = (50.0, 1000.0)
 FULL_RATES_MBIT = (5.0, 50.0, 1000.0)
 SMALL_SIZE = "160x120"
@@ -60,11 +69,16 @@ EPOCHS = 3
 BATCH = 32
 #: Extra splits per cell beyond auto, freeze and BASELINE: nearest to auto's predicted job.
 QUICK_EXTRA = 1
-FULL_EXTRA = 4
+FULL_EXTRA = 2
 #: Images per class (ten classes): about nineteen iterations of ``BATCH`` per epoch.
 PER_CLASS = 60
+#: The large images' datasets: about ten iterations per epoch.
+LARGE_PER_CLASS = 30
 #: Rounds of every run in a cell; each split's job time is the least of its rounds.
 REPEATS = 3
+FULL_REPEATS = 2
+#: After the first judged round, a run slower than this over the cell's best is not repeated.
+PRUNE_OVER_BEST = 1.5
 
 
 @dataclass(frozen=True)
@@ -99,6 +113,11 @@ def _folder(testbed: Testbed, label: str, spec: str, shard_size: int) -> _Data:
     return _Data(label, index, manifest)
 
 
+def job_seconds(result: FinetuneResult) -> float:
+    """What the caller waited for: the split decision and every epoch."""
+    return result.split_seconds + sum(e.seconds for e in result.history)
+
+
 @dataclass
 class _Cell:
     """One (dataset, model, rate): its runs and the best job time per split so far."""
@@ -126,7 +145,7 @@ class _Cell:
         )
         result, row = measured_finetune(self.testbed, spec, self.check)
         row.pop("extract_timeline", None)
-        job = result.split_seconds + sum(e.seconds for e in result.history)
+        job = job_seconds(result)
         row.update(
             rule=rule,
             repeat=repeat,
@@ -151,10 +170,9 @@ class _Cell:
 
     def measure(self, extra: int, repeats: int = REPEATS) -> None:
         """Auto, the freeze index, BASELINE and the ``extra`` splits whose predicted job is
-        nearest auto's: a warm-up round, then ``repeats`` rounds of them all."""
+        nearest auto's: a warm-up round of auto and those splits, then ``repeats`` rounds of
+        them all, a run pruned after the first when it was over ``PRUNE_OVER_BEST`` x the best."""
         auto = self.run("auto", "auto")
-        self.run("freeze", "freeze")
-        self.run(0, "baseline")
         runs: list[tuple[SplitChoice, str]] = [
             ("auto", "auto"),
             ("freeze", "freeze"),
@@ -164,42 +182,47 @@ class _Cell:
         if decision is not None and decision.job is not None:
             job = decision.job
             chosen = decision.predictions[decision.split_index].job_s(job)
+            known = {decision.split_index, decision.predictions[-1].split, 0}  # auto, freeze, 0
             for t in sorted(decision.predictions, key=lambda t: abs(t.job_s(job) - chosen)):
                 if extra <= 0:
                     break
-                if t.split in self.measured:
+                if t.split in known:
                     continue
                 self.run(t.split, "forced")
                 runs.append((t.split, "forced"))
+                known.add(t.split)
                 extra -= 1
+        self.measured.clear()  # the warm-up round is not judged
+        last: dict[tuple[SplitChoice, str], float] = {}
         for repeat in range(repeats):
+            best = min(self.measured.values(), default=None)
             for split, rule in runs:
-                self.run(split, rule, repeat)
+                previous = last.get((split, rule))
+                if best is not None and previous is not None and previous > PRUNE_OVER_BEST * best:
+                    continue
+                result = self.run(split, rule, repeat)
+                last[(split, rule)] = job_seconds(result)
 
 
 def run_job_split(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
     """The ``jobsplit`` scenario on ``testbed``; writes ``jobsplit.json`` and ``jobsplit.csv``."""
     models = QUICK_MODELS if quick else FULL_MODELS
     rates = QUICK_RATES_MBIT if quick else FULL_RATES_MBIT
-    per_class = PER_CLASS
     out = Path(out_dir)
     testbed.start_stack()
     testbed.set_rate(None)
-    shard_size = per_class * 10  # one part (or shard) per dataset: ten classes
-    datasets = [
-        _folder(testbed, "folder-12k", photos_spec("train", per_class, SMALL_SIZE), shard_size)
-    ]
+    # One part (or shard) per dataset: ten classes.
+    small, large = (
+        photos_spec("train", PER_CLASS, SMALL_SIZE),
+        photos_spec("train", LARGE_PER_CLASS, LARGE_SIZE),
+    )
+    datasets = [_folder(testbed, "folder-12k", small, PER_CLASS * 10)]
     if not quick:
-        datasets.append(
-            _folder(testbed, "folder-110k", photos_spec("train", per_class, LARGE_SIZE), shard_size)
-        )
+        datasets.append(_folder(testbed, "folder-110k", large, LARGE_PER_CLASS * 10))
         conn = testbed.connection()
         try:
             shards: DatasetReady = ensure_dataset(
-                conn,
-                photos_spec("train", per_class, LARGE_SIZE),
-                f"bench-job-shards-{per_class}",
-                shard_size,
+                conn, large, f"bench-job-shards-{LARGE_PER_CLASS}", LARGE_PER_CLASS * 10
             )
         finally:
             conn.close()
@@ -216,8 +239,9 @@ def run_job_split(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
         rates_mbit=list(rates),
         batch_size=BATCH,
         epochs=EPOCHS,
-        repeats=REPEATS,
+        repeats=REPEATS if quick else FULL_REPEATS,
         warmup_round=True,
+        prune_over_best=PRUNE_OVER_BEST,
         datasets={
             d.label: {
                 "container": d.container,
@@ -239,7 +263,10 @@ def run_job_split(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
         for data in datasets:
             for arch in models:
                 cell = _Cell(testbed, results, out, data, stored[arch], rate, check)
-                cell.measure(QUICK_EXTRA if quick else FULL_EXTRA)
+                if quick:
+                    cell.measure(QUICK_EXTRA)
+                else:
+                    cell.measure(FULL_EXTRA, FULL_REPEATS)
     testbed.set_rate(None)
     summary = job_split_summary(results.rows)
     print(format_job_split(summary), flush=True)

@@ -56,27 +56,6 @@ class HeadMeasurement:
     """The images the layers were timed over."""
 
 
-#: Samples of the untimed warm-up pass: one sample runs every layer's kernels and allocations
-#: once, which is what the warm-up is for; each further sample only added to a cold plan.
-WARM_UP_SAMPLES = 1
-#: Seconds the timed pass may take: a head slower than this per sample is timed over fewer
-#: samples, never fewer than ``MIN_TIMED_SAMPLES``. A head that heavy runs large tensors through
-#: every layer, so its per-sample time at 2 samples is its time at a larger batch within the
-#: noise of a shared host; more samples cost a cold plan seconds (ViT-B/16 on a 2-core CPU:
-#: half a second or more each, on both the client and the server) for no better decision.
-TIMED_PASS_S = 1.0
-MIN_TIMED_SAMPLES = 2
-
-
-def timed_samples(per_sample_s: float | None, available: int) -> int:
-    """How many of ``available`` images to time a head of ``per_sample_s`` seconds per sample
-    over (all of them when its cost is unknown)."""
-    if per_sample_s is None or per_sample_s <= 0:
-        return available
-    fits = int(TIMED_PASS_S / per_sample_s)
-    return max(1, min(available, max(MIN_TIMED_SAMPLES, fits)))
-
-
 def measure_head(
     model: hapi_models.SplittableModel,
     split: int,
@@ -106,7 +85,7 @@ def measure_head(
 
     With ``warm_up`` an untimed pass runs first (allocator and kernel caches, lazy module
     state), so that the timed pass measures the steady state the pipeline runs in. A heavy head
-    is timed over fewer of the images (:func:`timed_samples`, from the warm-up's time or
+    is timed over fewer of the images (:func:`hapi_models.timed_samples`, from the warm-up's time or
     ``known_s``, the layers' known seconds per sample); all of them are decoded. Shared by the
     HAPI server and the Swift filter's in-proxy execution.
     """
@@ -124,9 +103,9 @@ def measure_head(
                 # double what a first timing costs on a CPU. Timed, it says how heavy a sample
                 # is (an overestimate: a first pass is slower).
                 per_sample = hapi_models.warm_up_runs(
-                    runs, x[:WARM_UP_SAMPLES], layouts=layouts, turn=turn
+                    runs, x[: hapi_models.WARM_UP_SAMPLES], layouts=layouts, turn=turn
                 )
-            x = x[: timed_samples(per_sample, len(images))]
+            x = x[: hapi_models.timed_samples(per_sample, len(images))]
             n = len(x)
             labels = torch.zeros(n, dtype=torch.int64)
             encode: list[float] = []

@@ -34,7 +34,7 @@ HeadKey = tuple[TimingKey, str, str]
 MAX_HEADS = 512
 #: Measurements of a head's layers before they are reused without running the model. A single
 #: disturbed measurement is corrected by the minimum of a few; the cost is this many bounded
-#: timed passes (``hapi_core.timing.TIMED_PASS_S`` each) per (model, shape, device, wire format)
+#: timed passes (``hapi_models.TIMED_PASS_S`` each) per (model, shape, device, wire format)
 #: in a server's lifetime, after which every request is a hit.
 SETTLE_MEASUREMENTS = 3
 

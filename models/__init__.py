@@ -36,7 +36,15 @@ from .finetune import (
 )
 from .folding import BatchNormFolder, fold_batch_norms, folded_parameter_bytes
 from .graph_split import GraphLayers, split_graph
-from .layer_timing import sync, time_runs, warm_up_runs
+from .layer_timing import (
+    MIN_TIMED_SAMPLES,
+    TIMED_PASS_S,
+    WARM_UP_SAMPLES,
+    sync,
+    time_runs,
+    timed_samples,
+    warm_up_runs,
+)
 from .layout import LayoutChooser, to_layout
 from .listing import Listing, ModelListing, describe_model, describe_models
 from .profiling import LayerProfile, ModelProfile, profile
@@ -70,6 +78,9 @@ from .weights import (
 )
 
 __all__ = [
+    "MIN_TIMED_SAMPLES",
+    "TIMED_PASS_S",
+    "WARM_UP_SAMPLES",
     "MAX_WEIGHTS_BYTES",
     "CheckpointError",
     "ChecksumMismatchError",
@@ -127,6 +138,7 @@ __all__ = [
     "to_layout",
     "sync",
     "time_runs",
+    "timed_samples",
     "warm_up_runs",
     "fold_batch_norms",
     "folded_parameter_bytes",

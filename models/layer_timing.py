@@ -24,12 +24,41 @@ from torch import nn
 
 from .layout import to_layout
 
-__all__ = ["Runs", "sync", "time_runs", "warm_up_runs"]
+__all__ = [
+    "MIN_TIMED_SAMPLES",
+    "TIMED_PASS_S",
+    "WARM_UP_SAMPLES",
+    "Runs",
+    "sync",
+    "time_runs",
+    "timed_samples",
+    "warm_up_runs",
+]
 
 #: What a :class:`~hapi_models.BatchNormFolder` runs for some layers: per module, how many
 #: layers it stands for (2 for a folded convolution and norm) and the module.
 Runs = Sequence[tuple[int, nn.Module]]
 Turn = Callable[[], AbstractContextManager[None]]
+
+#: Samples of the untimed warm-up pass: one sample runs every layer's kernels and allocations
+#: once, which is what the warm-up is for; each further sample only added to a cold plan.
+WARM_UP_SAMPLES = 1
+#: Seconds the timed pass may take: a head slower than this per sample is timed over fewer
+#: samples, never fewer than ``MIN_TIMED_SAMPLES``. A head that heavy runs large tensors through
+#: every layer, so its per-sample time at 2 samples is its time at a larger batch within the
+#: noise of a shared host; more samples cost a cold plan seconds (ViT-B/16 on a 2-core CPU:
+#: half a second or more each, on both the client and the server) for no better decision.
+TIMED_PASS_S = 1.0
+MIN_TIMED_SAMPLES = 2
+
+
+def timed_samples(per_sample_s: float | None, available: int) -> int:
+    """How many of ``available`` samples to time a head of ``per_sample_s`` seconds per sample
+    over (all of them when its cost is unknown)."""
+    if per_sample_s is None or per_sample_s <= 0:
+        return available
+    fits = int(TIMED_PASS_S / per_sample_s)
+    return max(1, min(available, max(MIN_TIMED_SAMPLES, fits)))
 
 
 def sync(device: torch.device) -> None:

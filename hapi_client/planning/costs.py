@@ -61,8 +61,6 @@ status = logging.getLogger("hapi_client.status")
 #: Samples per timed batch: per-sample times at this batch are within a few percent of larger
 #: ones on a CPU, and measuring stays a fraction of a second for the usual models.
 TIMING_BATCH = 16
-#: Samples of the untimed warm-up pass (the server's rule, ``hapi_core.timing``).
-WARM_UP_SAMPLES = 1
 #: Images decoded to time the client's decode.
 DECODE_SAMPLES = 8
 #: A ``folder`` part's images read to time per-image reads: the read concurrency three times.
@@ -77,20 +75,7 @@ PROBE_S = 0.5
 #: ``OBJECT_READ_CONCURRENCY`` reads to time them, never megabytes at a slow link's rate.
 OBJECT_READS_S = 0.5
 
-#: Seconds the timed pass may take: a head slower than this per sample is timed over fewer
-#: samples, never fewer than ``MIN_TIMED_SAMPLES`` (the server's rule, ``hapi_core.timing``).
-TIMED_PASS_S = 1.0
-MIN_TIMED_SAMPLES = 2
-
 _client_costs: dict[tuple[object, ...], ClientCosts] = {}
-
-
-def timed_samples(per_sample_s: float, available: int) -> int:
-    """How many of ``available`` samples to time a head of ``per_sample_s`` seconds over."""
-    if per_sample_s <= 0:
-        return available
-    fits = int(TIMED_PASS_S / per_sample_s)
-    return max(1, min(available, max(MIN_TIMED_SAMPLES, fits)))
 
 
 @dataclass(frozen=True)
@@ -174,9 +159,9 @@ def measure_client_costs(
             # the seconds this costs on a CPU for no better steady state.
             # Timed, it says how heavy a sample is: a heavy head is timed over fewer samples.
             per_sample = hapi_models.warm_up_runs(
-                runs, x[:WARM_UP_SAMPLES], layouts=LAYOUTS.enabled
+                runs, x[: hapi_models.WARM_UP_SAMPLES], layouts=LAYOUTS.enabled
             )
-            batch = timed_samples(per_sample, batch)
+            batch = hapi_models.timed_samples(per_sample, batch)
             times, x = hapi_models.time_runs(runs, x[:batch], layouts=LAYOUTS.enabled)
     finally:
         net.train(was_training)

@@ -68,13 +68,3 @@ def test_the_least_recently_used_head_goes_first() -> None:
         cache.record(KEY, dtype, "none", [1.0], [0.1], [1.0])
     assert cache.head(KEY, "float16", "none", 1) is None
     assert cache.head(KEY, "bfloat16", "none", 1) is not None
-
-
-def test_a_heavy_head_is_timed_over_fewer_images() -> None:
-    from hapi_core.timing import timed_samples
-
-    assert timed_samples(None, 16) == 16  # unknown cost: every image
-    assert timed_samples(0.01, 16) == 16
-    assert timed_samples(0.25, 16) == 4  # a timed pass of about a second
-    assert timed_samples(1.5, 16) == 2  # never fewer than two
-    assert timed_samples(1.5, 1) == 1

@@ -5,6 +5,7 @@ request and the client's plan costs: each module timed in both layouts where its
 from __future__ import annotations
 
 import hapi_models
+import pytest
 import torch
 from torch import nn
 
@@ -57,3 +58,13 @@ def test_a_module_standing_for_two_layers_times_the_first_and_reports_each_outpu
     assert (first.channels_last, second.channels_last) == (0, 0)  # one layout asked
     assert seen == [((2, 3, 4, 4), 2), ((2, 3, 4, 4), 1)]
     torch.testing.assert_close(out, x * 0.25)
+
+
+@pytest.mark.parametrize(
+    ("per_sample", "expected"), [(None, 16), (0.0, 16), (0.01, 16), (0.25, 4), (1.5, 2)]
+)
+def test_a_heavy_head_is_timed_over_fewer_samples(per_sample: float | None, expected: int) -> None:
+    # Unknown cost: every sample; else a timed pass of about TIMED_PASS_S, never under two.
+    assert hapi_models.timed_samples(per_sample, 16) == expected
+    assert hapi_models.timed_samples(per_sample, 1) == 1
+    assert hapi_models.timed_samples(per_sample, 2) == min(expected, 2)

@@ -4,9 +4,9 @@ like extract."""
 from __future__ import annotations
 
 import httpx
+from hapi_models import MIN_TIMED_SAMPLES
 
 from hapi_contract import TimingsResponse
-from hapi_core.timing import MIN_TIMED_SAMPLES
 from hapi_core.timing_cache import SETTLE_MEASUREMENTS
 
 from .conftest import Dataset, ServerProcess

@@ -56,9 +56,3 @@ def test_an_unreadable_cache_is_a_miss(cache: Path) -> None:
     net, calls = _counting()
     _measure(net, _images())
     assert calls[0] > 0
-
-
-@pytest.mark.parametrize(("per_sample", "expected"), [(0.01, 16), (0.25, 4), (1.5, 2), (0.0, 16)])
-def test_a_heavy_head_is_timed_over_fewer_samples(per_sample: float, expected: int) -> None:
-    assert costs.timed_samples(per_sample, 16) == expected
-    assert costs.timed_samples(per_sample, 2) == min(expected, 2)

@@ -94,6 +94,23 @@ def _verdict(summary: list[dict[str, Any]]) -> str:
         f"{worst['rate_mbit']:g} Mbit/s, {worst['dataset']}: split {worst.get('auto_split')} "
         f"against {worst['best_split']})."
     )
+    for rule, name in (("freeze", "the freeze index"), ("baseline", "BASELINE")):
+        against = [c for c in judged if c.get(f"{rule}_job_s")]
+        slower = [c for c in against if c["auto_job_s"] > GOAL * c[f"{rule}_job_s"]]
+        if against:
+            text += (
+                f" More than {GOAL - 1:.0%} slower than {name} in {len(slower)} of "
+                f"{len(against)}"
+                + (
+                    ": "
+                    + ", ".join(
+                        f"{c['model']} {c['rate_mbit']:g} Mbit/s {c['dataset']}" for c in slower
+                    )
+                    if slower
+                    else ""
+                )
+                + "."
+            )
     if noisy:
         text += (
             f" In {len(noisy)} cell(s) the runs' own noise is above {GOAL:.2f}: there a ratio "

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from hapi_bench import ORDER, ResultSet, write_report
-from hapi_bench.scenario_job_split import format_job_split, job_split_summary
+from hapi_bench.scenario_job_split import (
+    PRUNE_OVER_BEST,
+    _Cell,
+    format_job_split,
+    job_split_summary,
+)
 from hapi_bench.scenarios import SCENARIOS
 
 
@@ -105,4 +112,40 @@ def test_the_report_gives_each_cell_and_how_many_meet_the_goal(tmp_path: Path) -
         "| 0.60 (longest 2.50) | 1.25 |" in section
     )
     assert "within 1.10x of the best measured job in **1 of 1** cells" in section
+    assert "More than 10% slower than the freeze index in 0 of 1." in section
+    assert "More than 10% slower than BASELINE in 0 of 1." in section
     assert "In 1 cell(s) the runs' own noise is above 1.10" in section
+
+
+class _FakeCell(_Cell):
+    """The cell's round logic over fixed job times per split (no stack)."""
+
+    def __init__(self, jobs: dict[object, float]) -> None:
+        self.measured = {}
+        self.jobs = jobs
+        self.calls: list[tuple[object, int]] = []
+
+    def run(self, split: Any, rule: str, repeat: int = -1) -> Any:
+        self.calls.append((split, repeat))
+        index = {"auto": 14, "freeze": 17}.get(split, split)
+        job = self.jobs[index]
+        self.measured[index] = min(self.measured.get(index, job), job)
+        predictions = [
+            SimpleNamespace(split=i, job_s=lambda _j, i=i: abs(i - 14)) for i in range(18)
+        ]
+        decision = SimpleNamespace(split_index=14, job=object(), predictions=predictions)
+        return SimpleNamespace(
+            split=decision, split_seconds=0.0, history=[SimpleNamespace(seconds=job)]
+        )
+
+
+def test_a_cell_warms_auto_and_its_neighbours_and_stops_repeating_far_slower_runs() -> None:
+    slow = PRUNE_OVER_BEST * 10.0 + 1.0
+    cell = _FakeCell({14: 10.0, 17: 10.5, 0: 30.0, 13: 11.0, 15: slow})
+    cell.measure(extra=2, repeats=3)
+    warm_up = [split for split, repeat in cell.calls if repeat < 0]
+    assert warm_up == ["auto", 13, 15]  # nearest auto's predicted job; no freeze, no BASELINE
+    rounds = {r: [s for s, rep in cell.calls if rep == r] for r in range(3)}
+    assert rounds[0] == ["auto", "freeze", 0, 13, 15]
+    # BASELINE (3x) and split 15 (over PRUNE_OVER_BEST x) are judged once.
+    assert rounds[1] == rounds[2] == ["auto", "freeze", 13]

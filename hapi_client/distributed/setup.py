@@ -183,9 +183,14 @@ def setup_replica(
     device: torch.device,
     collectives: Collectives,
     models: PreparedModels | None = None,
+    *,
+    world_size: int = 1,
 ) -> Replica:
     """Prepare the model (from ``models`` when a sequence shares it), agree on the split and
-    start every replica from rank 0's weights."""
+    start every replica from rank 0's weights. The split is planned for ``world_size`` ranks
+    each taking its share of an epoch, as the feature dataset plans it: a rank's epoch is a
+    ``world_size``-th of the samples, so a plan for the whole dataset per rank overweighted
+    the per-iteration costs against the decision and the pipeline's filling."""
     cfg = config
     prepared = _prepare(client, cfg) if models is None else models.get(client, cfg)
     eval_manifest = None
@@ -205,6 +210,7 @@ def setup_replica(
             b_max=cos_batch_cap(prepared.manifest, cfg.extract.b_max),
             device=device,
             rank=rank,
+            world_size=world_size,
             collective=True,
             epochs=cfg.train.epochs,
             cached=cfg.extract.cache_features,

@@ -272,7 +272,13 @@ class _Run:
         ) as client:
             started = time.perf_counter()
             replica = setup_replica(
-                client, cfg, self.rank, self.device, self.collectives, self.models
+                client,
+                cfg,
+                self.rank,
+                self.device,
+                self.collectives,
+                self.models,
+                world_size=self.world,
             )
             self.fingerprint = run_fingerprint(cfg, replica)
             attempt = self._restore(replica)

@@ -74,3 +74,35 @@ def test_a_run_that_prepares_otherwise_prepares_again(
     models.get(None, _config())  # type: ignore[arg-type]
     models.get(None, _config(**changes))  # type: ignore[arg-type]
     assert len(prepared_calls) == 2
+
+
+class _Planned(Exception):
+    """Stops ``setup_replica`` at its plan, with what it was asked for."""
+
+
+def test_the_split_is_planned_for_each_rank_s_share_of_the_whole_job(
+    prepared_calls: list[tuple[str, dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fake_plan(*args: Any, **kw: Any) -> None:
+        raise _Planned(kw)
+
+    monkeypatch.setattr(rank_setup, "plan_split", fake_plan)
+    monkeypatch.setattr(rank_setup, "cos_batch_cap", lambda manifest, b_max: 32)
+    config = _config(
+        train=TrainOptions(batch_size=70, seed=0, epochs=4),
+        extract=ExtractOptions(split="auto", freeze_index=3, image_size=64, cache_features=True),
+    )
+    with pytest.raises(_Planned) as planned:
+        rank_setup.setup_replica(
+            None,  # type: ignore[arg-type]
+            config,
+            0,
+            torch.device("cpu"),
+            None,  # type: ignore[arg-type]
+            PreparedModels(),
+            world_size=3,
+        )
+    (asked,) = planned.value.args
+    # As the feature dataset plans it: a rank's third of each epoch, all four epochs, cached.
+    assert asked["world_size"] == 3 and asked["rank"] == 0 and asked["collective"]
+    assert asked["epochs"] == 4 and asked["cached"] is True

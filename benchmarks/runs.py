@@ -9,10 +9,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import hapi_models
+import torch
 
-from hapi_client import FinetuneResult, RetryPolicy, StoredModel
+from hapi_client import FinetuneResult, RetryPolicy, StoredModel, prepare_model
 from hapi_client.options import ExtractOptions, TrainOptions
+from hapi_client.planning import measure_pipeline_costs
+from hapi_client.preparation import cos_batch_cap
 from hapi_contract import DatasetManifest, ExtractRequest, ShardSource, TransformSpec
+from hapi_core.timing_cache import SETTLE_MEASUREMENTS
 
 from .data import MODELS_CONTAINER
 from .errors import BenchError
@@ -20,7 +24,14 @@ from .instrument import ClientProbe, Sampler, lower_bound
 from .shaping import LinkCheck, mbit_to_bytes
 from .testbed import Testbed
 
-__all__ = ["ConcurrentRound", "RunSpec", "measured_finetune", "run_concurrently", "warm_server"]
+__all__ = [
+    "ConcurrentRound",
+    "RunSpec",
+    "measured_finetune",
+    "run_concurrently",
+    "settle_server_timings",
+    "warm_server",
+]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +91,29 @@ def warm_server(
                         b_max=shard.samples,
                     ),
                     num_samples=shard.samples,
+                )
+
+
+def settle_server_timings(testbed: Testbed, models: list[StoredModel], container: str) -> None:
+    """Have the HAPI server time each model's head as the planner asks for it until it keeps the
+    timings (``SETTLE_MEASUREMENTS`` requests, ``docs/server.md``): the plans measured after this
+    are those of a server that has timed the network before, which a split rule's
+    seconds-to-decide goal is stated for. The link is unshaped meanwhile."""
+    testbed.set_rate(None)
+    options = ExtractOptions()
+    with testbed.client() as client:
+        for stored in models:
+            prepared = prepare_model(client, stored, container)
+            for _ in range(SETTLE_MEASUREMENTS):
+                measure_pipeline_costs(
+                    client.swift,
+                    client.transport,
+                    prepared,
+                    container,
+                    output_dtype=options.output_dtype,
+                    compression=options.compression,
+                    device=torch.device("cpu"),
+                    b_max=cos_batch_cap(prepared.manifest, options.b_max),
                 )
 
 

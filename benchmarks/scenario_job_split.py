@@ -49,7 +49,7 @@ from hapi_contract import DatasetManifest
 
 from .data import DatasetReady, ensure_dataset, ensure_models, photos_spec
 from .results import ResultSet
-from .runs import RunSpec, measured_finetune, warm_server
+from .runs import RunSpec, measured_finetune, settle_server_timings, warm_server
 from .shaping import LinkCheck
 from .testbed import Testbed
 
@@ -255,6 +255,7 @@ def run_job_split(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
     )
     for data in datasets:
         warm_server(testbed, list(stored.values()), data.container, data.manifest)
+    settle_server_timings(testbed, list(stored.values()), datasets[0].container)
     for rate in rates:
         testbed.set_rate(rate)
         check = testbed.measure_link()

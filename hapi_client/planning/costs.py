@@ -223,7 +223,9 @@ def _sample_images(
     if source.layout is DatasetLayout.FOLDER:
         if link_bytes_per_s is None and swift.bandwidth is not None:
             link_bytes_per_s = swift.bandwidth.bytes_per_s
-        read, objects_per_s = _read_images_concurrently(swift, source, link_bytes_per_s)
+        read, objects_per_s = _read_images_concurrently(
+            swift, source, link_bytes_per_s, stored_bytes_per_sample
+        )
         return _Sampled(read, None, objects_per_s)
     known = swift.bandwidth is not None and swift.bandwidth.bytes_per_s is not None
     wanted = int((DECODE_SAMPLES + 1) * (stored_bytes_per_sample + 1536))
@@ -260,12 +262,16 @@ def request_s_per_object(
 
 
 def _read_images_concurrently(
-    swift: SwiftSession, source: ShardSource, link_bytes_per_s: float | None
+    swift: SwiftSession,
+    source: ShardSource,
+    link_bytes_per_s: float | None,
+    bytes_per_image: float,
 ) -> tuple[list[bytes], float | None]:
     """The first of up to ``OBJECT_SAMPLES`` images of a ``folder`` part, read
-    ``OBJECT_READ_CONCURRENCY`` at a time (none started after ``OBJECT_READS_S`` once the
-    decode has its images), and the objects per second of Swift's per-request work that came
-    at (None where the link's share was all of the time)."""
+    ``OBJECT_READ_CONCURRENCY`` at a time (none started, once the decode has its images, after
+    ``OBJECT_READS_S`` or when those started would take the link that long: at 5 Mbit/s the
+    reads in flight at the deadline kept a plan 0.3 s longer), and the objects per second of
+    Swift's per-request work that came at (None where the link's share was all of the time)."""
     data, etag = swift.get(source.container, source.shard, observe=False)
     check_pin(source, etag)
     entries = parse_part(data, source.where)[:OBJECT_SAMPLES]
@@ -273,12 +279,15 @@ def _read_images_concurrently(
         raise ConfigurationError(f"{source.where} names no image to time the reads with")
     container = source.image_container
     workers = max(1, min(OBJECT_READ_CONCURRENCY, len(entries)))
+    link_budget = link_bytes_per_s * OBJECT_READS_S if link_bytes_per_s else float("inf")
     began = time.perf_counter()
     ended = [began]
 
     def read(i_name: tuple[int, str]) -> bytes | None:
         i, name = i_name
-        if i >= DECODE_SAMPLES and time.perf_counter() - began > OBJECT_READS_S:
+        if i >= DECODE_SAMPLES and (
+            time.perf_counter() - began > OBJECT_READS_S or i * bytes_per_image > link_budget
+        ):
             return None
         # Not observed one by one: each of these short reads shares the link with the others,
         # and alone would time a fraction of it.

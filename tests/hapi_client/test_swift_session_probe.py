@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from swiftclient.client import ClientException
 
 from hapi_client import bandwidth, swift_session
 from hapi_client.bandwidth import BandwidthEstimator
@@ -49,6 +50,29 @@ class _Body:
         pass
 
 
+class _RangedConnection:
+    """An object of ``size`` chunks whose ranged GETs return just their range: the first chunk
+    ``latency_s`` after the request, then one every ``gap_s`` (the link's rate)."""
+
+    def __init__(self, clock: _Clock, size: int, latency_s: float, gap_s: float) -> None:
+        self.clock, self.size, self.latency_s, self.gap_s = clock, size, latency_s, gap_s
+        self.ranges: list[tuple[float, int, int]] = []
+
+    def get_object(
+        self, container: str, name: str, headers: dict[str, str], **_: Any
+    ) -> tuple[dict[str, str], Iterator[bytes]]:
+        first, last = (int(v) for v in headers["Range"].removeprefix("bytes=").split("-"))
+        if first >= self.size * CHUNK:
+            raise ClientException("range not satisfiable", http_status=416)
+        self.ranges.append((self.clock.now, first, last + 1))
+        return {}, self._body(first, min(last + 1, self.size * CHUNK))
+
+    def _body(self, first: int, end: int) -> Iterator[bytes]:
+        for i, at in enumerate(range(first, end, CHUNK)):
+            self.clock.now += self.latency_s if i == 0 else self.gap_s
+            yield (at // CHUNK % 251).to_bytes() * min(CHUNK, end - at)
+
+
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
     fake = _Clock()
@@ -84,3 +108,33 @@ def test_a_probe_of_one_chunk_is_timed_whole(
     session = _session(monkeypatch, _Connection(clock, chunks=1, latency_s=0.5, gap_s=0.1))
     rate, data = session.read_prefix("c", "o", CHUNK)
     assert len(data) == CHUNK and rate == pytest.approx(CHUNK / 0.5)
+
+
+def test_the_probe_reads_whole_ranges_and_starts_none_after_its_time(
+    clock: _Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A slow link, 0.1 s a chunk: an 8 MiB range stopped after 0.5 s would leave most of it
+    # queued in front of the plan's next request; whole ranges leave nothing.
+    conn = _RangedConnection(clock, size=1000, latency_s=0.05, gap_s=0.1)
+    session = _session(monkeypatch, conn)  # type: ignore[arg-type]
+    began = clock.now
+    rate, data = session.read_prefix("c", "o", 128 * CHUNK, max_seconds=0.5)
+    starts = [at - began for at, _, _ in conn.ranges]
+    assert all(at < 0.5 for at in starts)  # none started after the probe's time
+    assert conn.ranges[0][1:] == (0, swift_session.PROBE_FIRST_BYTES)
+    # Contiguous ranges, each read whole: the data is the object's prefix.
+    assert [r[2] for r in conn.ranges[:-1]] == [r[1] for r in conn.ranges[1:]]
+    assert len(data) == conn.ranges[-1][2]
+    expected = b"".join((i % 251).to_bytes() * CHUNK for i in range(len(data) // CHUNK))
+    assert data == expected
+    assert clock.now - began < 0.5 + 0.2  # the last range sized to what the time left carries
+    assert rate == pytest.approx(CHUNK / 0.1)  # each range timed from its first chunk
+
+
+def test_the_probe_stops_at_the_object_s_end(
+    clock: _Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conn = _RangedConnection(clock, size=3, latency_s=0.01, gap_s=0.01)
+    session = _session(monkeypatch, conn)  # type: ignore[arg-type]
+    _, data = session.read_prefix("c", "o", 64 * CHUNK, max_seconds=10.0)
+    assert len(data) == 3 * CHUNK  # 1 chunk, then 2 of the 2 asked for, then a 416: the end

@@ -94,7 +94,9 @@ def warm_server(
                 )
 
 
-def settle_server_timings(testbed: Testbed, models: list[StoredModel], container: str) -> None:
+def settle_server_timings(
+    testbed: Testbed, models: list[StoredModel], container: str, batch_size: int
+) -> None:
     """Have the HAPI server time each model's head as the planner asks for it until it keeps the
     timings (``SETTLE_MEASUREMENTS`` requests, ``docs/server.md``): the plans measured after this
     are those of a server that has timed the network before, which a split rule's
@@ -113,7 +115,7 @@ def settle_server_timings(testbed: Testbed, models: list[StoredModel], container
                     output_dtype=options.output_dtype,
                     compression=options.compression,
                     device=torch.device("cpu"),
-                    b_max=cos_batch_cap(prepared.manifest, options.b_max),
+                    b_max=cos_batch_cap(prepared.manifest, options.b_max, batch_size),
                 )
 
 

@@ -255,7 +255,7 @@ def run_job_split(testbed: Testbed, out_dir: str, quick: bool = True) -> int:
     )
     for data in datasets:
         warm_server(testbed, list(stored.values()), data.container, data.manifest)
-    settle_server_timings(testbed, list(stored.values()), datasets[0].container)
+    settle_server_timings(testbed, list(stored.values()), datasets[0].container, BATCH)
     for rate in rates:
         testbed.set_rate(rate)
         check = testbed.measure_link()

@@ -132,7 +132,8 @@ class FeatureDataset(IterableDataset[Batch]):
             own shards and gets the same number of batches.
         output_dtype, compression: how features travel (``float32``/``float16``/``bfloat16``;
             ``none``/``zstd``).
-        b_max: the largest COS batch the server may use (default: one shard, at most 1000).
+        b_max: the largest COS batch the server may use (default: the training batch, at most
+            one shard and 1000).
         cache_features: keep features of the frozen split in memory for later epochs.
         epochs: the epochs the caller will run: ``split="auto"`` ranks the splits by the whole
             job's predicted time (later epochs from the feature cache when it is on).
@@ -309,7 +310,7 @@ class FeatureDataset(IterableDataset[Batch]):
             image_size=extract.image_size,
             seed=train.seed,
         )
-        self.b_max = cos_batch_cap(self.prepared.manifest, extract.b_max)
+        self.b_max = cos_batch_cap(self.prepared.manifest, extract.b_max, train.batch_size)
         self.cache = FeatureCache() if extract.cache_features and mode == "hapi" else None
         self.prefetch = prefetch_depth(
             extract.prefetch,

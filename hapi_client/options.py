@@ -101,12 +101,12 @@ class TrainOptions:
 class ExtractOptions:
     """Where the model is split and how the split-layer features are made and travel.
 
-    ``split``: ``"auto"`` (the smallest predicted time per iteration), ``"thesis"`` (thesis
+    ``split``: ``"auto"`` (the smallest predicted time of the whole job), ``"thesis"`` (thesis
     Algorithm 2), ``"freeze"`` or a layer index in ``[0, freeze_index]``. ``freeze_index``:
     layers before it stay frozen (None: the architecture's). ``image_size``: the crop size
     (None: the model's). ``output_dtype``, ``compression``: the features on the wire (strings
     are accepted and stored as the enums). ``b_max``: the largest COS batch the server may use
-    (None: one shard, at most 1000). ``cache_features``: keep the frozen split's features for
+    (None: the training batch, at most one shard and 1000). ``cache_features``: keep the frozen split's features for
     later epochs. ``prefetch``: shards loaded ahead (None: :func:`prefetch_depth`'s rule, enough
     for one batch and at least 2, 3 from a HAPI server directly; a multi-worker run applies it
     to each worker's share).

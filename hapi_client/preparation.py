@@ -58,13 +58,20 @@ def rescale_transform(
     return dataclasses.replace(transform, resize=resize, crop=image_size)
 
 
-def cos_batch_cap(manifest: DatasetManifest, b_max: int | None) -> int:
-    """The largest COS batch the server may use: the request's, else one shard (at most 1000)."""
+def cos_batch_cap(manifest: DatasetManifest, b_max: int | None, batch_size: int) -> int:
+    """The largest COS batch the server may use: the request's, else the training batch, one
+    shard and 1000 at most.
+
+    The thesis sets ``b_max`` to the training batch and keeps the COS batch at most that (its
+    Chapter 5, the batch-adaptation problem): the server sends a frame per COS batch, so a COS
+    batch of a whole 600-image part delivered its first features when the part was done, and
+    the client trained nothing until then (the job's server, wire and client stages in a row,
+    not overlapped as the split rule predicts them)."""
     if b_max is not None:
         if b_max < 1:
             raise ConfigurationError(f"b_max must be >= 1, got {b_max}")
         return b_max
-    return max(1, min(manifest.shard_size, 1000))
+    return max(1, min(manifest.shard_size, 1000, batch_size))
 
 
 def prepare_model(

@@ -207,7 +207,7 @@ def setup_replica(
             batch_size=cfg.train.batch_size,
             output_dtype=cfg.extract.output_dtype,
             compression=cfg.extract.compression,
-            b_max=cos_batch_cap(prepared.manifest, cfg.extract.b_max),
+            b_max=cos_batch_cap(prepared.manifest, cfg.extract.b_max, cfg.train.batch_size),
             device=device,
             rank=rank,
             world_size=world_size,

@@ -416,7 +416,7 @@ class _Run:
         channel: WorkerChannel | None,
     ) -> Rounds:
         cfg = self.config
-        b_max = cos_batch_cap(replica.manifest, cfg.extract.b_max)
+        b_max = cos_batch_cap(replica.manifest, cfg.extract.b_max, cfg.train.batch_size)
 
         def loader_for(manifest: DatasetManifest, container: str) -> ShardLoader:
             return make_shard_loader(

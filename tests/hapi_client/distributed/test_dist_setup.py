@@ -87,7 +87,7 @@ def test_the_split_is_planned_for_each_rank_s_share_of_the_whole_job(
         raise _Planned(kw)
 
     monkeypatch.setattr(rank_setup, "plan_split", fake_plan)
-    monkeypatch.setattr(rank_setup, "cos_batch_cap", lambda manifest, b_max: 32)
+    monkeypatch.setattr(rank_setup, "cos_batch_cap", lambda manifest, b_max, batch: 32)
     config = _config(
         train=TrainOptions(batch_size=70, seed=0, epochs=4),
         extract=ExtractOptions(split="auto", freeze_index=3, image_size=64, cache_features=True),

@@ -62,11 +62,11 @@ def cos_batch_cap(manifest: DatasetManifest, b_max: int | None, batch_size: int)
     """The largest COS batch the server may use: the request's, else the training batch, one
     shard and 1000 at most.
 
-    The thesis sets ``b_max`` to the training batch and keeps the COS batch at most that (its
-    Chapter 5, the batch-adaptation problem): the server sends a frame per COS batch, so a COS
-    batch of a whole 600-image part delivered its first features when the part was done, and
-    the client trained nothing until then (the job's server, wire and client stages in a row,
-    not overlapped as the split rule predicts them)."""
+    The thesis has the client set ``b_max``, typically to its training batch (§5.4.5, the
+    batch adaptation of eq. (5.1)): the server sends a frame per COS batch, so a COS batch of
+    a whole 600-image part sent its first byte when the part was done (the server's and the
+    wire's stages in a row, where the split rule predicts them overlapped), and held the
+    memory of 600 samples' activations for no faster forward on a CPU."""
     if b_max is not None:
         if b_max < 1:
             raise ConfigurationError(f"b_max must be >= 1, got {b_max}")

@@ -28,7 +28,8 @@ head), which in the run before this round existed made a split's three jobs diff
 server's warm-up extraction already ran the freeze index's head, and BASELINE has none. A run
 slower than ``PRUNE_OVER_BEST`` x the cell's best job after the first judged round is not run
 again: more rounds cannot bring it near the 1.10 judged (BASELINE at 5 Mbit/s, whose image
-bytes take a minute a job, most of all). The summary gives the spread between the judged
+bytes take a minute a job, most of all); ``auto`` and the freeze index, the rules judged, run
+every round. The summary gives the spread between the judged
 rounds (``noise``: the largest of a rule's longest over its shortest job) beside the ratios it
 judges.
 """
@@ -198,7 +199,10 @@ class _Cell:
             best = min(self.measured.values(), default=None)
             for split, rule in runs:
                 previous = last.get((split, rule))
-                if best is not None and previous is not None and previous > PRUNE_OVER_BEST * best:
+                far = (
+                    best is not None and previous is not None and previous > PRUNE_OVER_BEST * best
+                )
+                if far and rule not in ("auto", "freeze"):  # the rules judged run every round
                     continue
                 result = self.run(split, rule, repeat)
                 last[(split, rule)] = job_seconds(result)

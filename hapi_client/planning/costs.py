@@ -63,6 +63,10 @@ status = logging.getLogger("hapi_client.status")
 TIMING_BATCH = 16
 #: Images decoded to time the client's decode.
 DECODE_SAMPLES = 8
+#: Of those, what a ``folder`` part's reads fetch however slow the link: eight ImageNet-size
+#: JPEGs are 0.9 MB, 1.4 s of a 5 Mbit/s link, most of a plan; a decode timed over two is
+#: within the noise of one timed over eight.
+MIN_DECODE_SAMPLES = 2
 #: A ``folder`` part's images read to time per-image reads: the read concurrency three times.
 OBJECT_SAMPLES = 48
 #: The link probe's size when the bandwidth is not known yet: long enough to time.
@@ -269,9 +273,10 @@ def _read_images_concurrently(
 ) -> tuple[list[bytes], float | None]:
     """The first of up to ``OBJECT_SAMPLES`` images of a ``folder`` part, read
     ``OBJECT_READ_CONCURRENCY`` at a time (none started, once the decode has its images, after
-    ``OBJECT_READS_S`` or when those started would take the link that long: at 5 Mbit/s the
-    reads in flight at the deadline kept a plan 0.3 s longer), and the objects per second of
-    Swift's per-request work that came at (None where the link's share was all of the time)."""
+    ``OBJECT_READS_S``, and none past ``MIN_DECODE_SAMPLES`` when those started would take the
+    link that long: at 5 Mbit/s the reads in flight at the deadline kept a plan 0.3 s longer,
+    and eight large images 1.4 s), and the objects per second of Swift's per-request work that
+    came at (None where the link's share was all of the time)."""
     data, etag = swift.get(source.container, source.shard, observe=False)
     check_pin(source, etag)
     entries = parse_part(data, source.where)[:OBJECT_SAMPLES]
@@ -285,9 +290,9 @@ def _read_images_concurrently(
 
     def read(i_name: tuple[int, str]) -> bytes | None:
         i, name = i_name
-        if i >= DECODE_SAMPLES and (
-            time.perf_counter() - began > OBJECT_READS_S or i * bytes_per_image > link_budget
-        ):
+        if i >= DECODE_SAMPLES and time.perf_counter() - began > OBJECT_READS_S:
+            return None
+        if i >= MIN_DECODE_SAMPLES and i * bytes_per_image > link_budget:
             return None
         # Not observed one by one: each of these short reads shares the link with the others,
         # and alone would time a fraction of it.

@@ -141,11 +141,12 @@ class _FakeCell(_Cell):
 
 def test_a_cell_warms_auto_and_its_neighbours_and_stops_repeating_far_slower_runs() -> None:
     slow = PRUNE_OVER_BEST * 10.0 + 1.0
-    cell = _FakeCell({14: 10.0, 17: 10.5, 0: 30.0, 13: 11.0, 15: slow})
+    # Auto is far slower too (its decision, say), but the rules judged run every round.
+    cell = _FakeCell({14: slow, 17: 10.0, 0: 30.0, 13: 11.0, 15: slow})
     cell.measure(extra=2, repeats=3)
     warm_up = [split for split, repeat in cell.calls if repeat < 0]
     assert warm_up == ["auto", 13, 15]  # nearest auto's predicted job; no freeze, no BASELINE
     rounds = {r: [s for s, rep in cell.calls if rep == r] for r in range(3)}
     assert rounds[0] == ["auto", "freeze", 0, 13, 15]
-    # BASELINE (3x) and split 15 (over PRUNE_OVER_BEST x) are judged once.
+    # BASELINE (3x) and split 15 (over PRUNE_OVER_BEST x) are judged once; auto every round.
     assert rounds[1] == rounds[2] == ["auto", "freeze", 13]

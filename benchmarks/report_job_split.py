@@ -53,6 +53,7 @@ def _setup(results: ResultSet) -> str:
         )
         + ", and each split is judged by the least of its rounds. *Job*: the decision (0 for a "
         "forced split) plus every epoch. "
+        "*Decision aside*: auto's job less its decision, over the best. "
         "*Noise*: the largest ratio in the cell of one split's longest job over its shortest; "
         "a ratio below it is not a measured difference." + load_when_begun(meta)
     )
@@ -71,6 +72,7 @@ def _row(cell: dict[str, Any]) -> list[Any]:
         f"{cell['best_job_s']:.2f}",
         ", ".join(str(s) for s in auto),
         cell.get("auto_over_best"),
+        cell.get("auto_aside_over_best"),
         cell.get("freeze_over_best"),
         cell.get("baseline_over_best"),
         None if over_freeze is None else f"{over_freeze:.2f}",
@@ -129,6 +131,7 @@ def job_split_section(results: ResultSet) -> list[str]:
         "best job s",
         "auto split",
         "auto / best",
+        "decision aside",
         "freeze / best",
         "BASELINE / best",
         "auto / freeze",

@@ -286,7 +286,8 @@ def job_split_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     index's and BASELINE's job time over the best's; each rule's the least of its rounds.
 
     ``noise``: the largest of a rule's longest job over its shortest in the cell (1.0 with one
-    round); ``auto_decided_s``: the decision's seconds in auto's shortest job, and
+    round); ``auto_aside_over_best``: auto's job less its decision over the best;
+    ``auto_decided_s``: the decision's seconds in auto's shortest job, and
     ``auto_decided_max_s`` the longest of its rounds' and the warm-up's (that one's is cold).
     The warm-up round's jobs (``warmup``) are not judged."""
     cells: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
@@ -319,6 +320,10 @@ def job_split_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 entry[f"{rule}_over_best"] = round(least["job_s"] / best["job_s"], 3)
                 if rule == "auto":
                     entry["auto_decided_s"] = least["split_seconds"]
+                    # What the split chosen cost apart from deciding it: the choice's quality.
+                    entry["auto_aside_over_best"] = round(
+                        (least["job_s"] - least["split_seconds"]) / best["job_s"], 3
+                    )
                     entry["auto_decided_max_s"] = max(
                         r["split_seconds"] for r in every if r["rule"] == "auto"
                     )

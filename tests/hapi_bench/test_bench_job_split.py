@@ -41,6 +41,7 @@ def test_summary_judges_auto_freeze_and_baseline_by_the_whole_job() -> None:
     assert cell["auto_over_best"] == pytest.approx(1.1)
     assert cell["freeze_over_best"] == 1.0 and cell["baseline_over_best"] == 2.0
     assert cell["auto_decided_s"] == 0.4 and cell["splits_measured"] == 4
+    assert cell["auto_aside_over_best"] == pytest.approx(1.06)  # (11.0 - 0.4) / 10.0
     assert "folder-12k" in format_job_split([cell])
 
 
@@ -108,7 +109,7 @@ def test_the_report_gives_each_cell_and_how_many_meet_the_goal(tmp_path: Path) -
     assert "`hapi bench jobsplit --quick` (client on core(s) 0; link by tc htb" in section
     assert "50 Mbit/s (measured 48)" in section and "`folder-12k`: 300 samples" in section
     assert (
-        "| folder-12k | alexnet | 50 | 17 | 10.00 | 17 | 1.04 | 1 | 2 | 1.04 "
+        "| folder-12k | alexnet | 50 | 17 | 10.00 | 17 | 1.04 | 0.98 | 1 | 2 | 1.04 "
         "| 0.60 (longest 2.50) | 1.25 |" in section
     )
     assert "within 1.10x of the best measured job in **1 of 1** cells" in section

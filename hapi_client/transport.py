@@ -301,7 +301,7 @@ class HapiTransport:
             for chunk in resp.iter_bytes():
                 if self.throttle is not None:
                     self.throttle.consume(len(chunk))
-                link.chunk(len(chunk))
+                link.chunk(len(chunk), continues=decoder.inside_frame)
                 wire += len(chunk)
                 frames += [f for f in decoder.feed(chunk) if isinstance(f, BatchFrame)]
         end = decoder.close()

@@ -464,6 +464,11 @@ class FrameDecoder:
         """The end frame, once it has arrived."""
         return self._end
 
+    @property
+    def inside_frame(self) -> bool:
+        """Whether the bytes fed so far end inside a frame (the next chunk continues it)."""
+        return self._payload_view is not None or bool(self._head)
+
     def feed(self, chunk: bytes | bytearray | memoryview) -> list[Frame]:
         """Consume ``chunk`` and return the frames it completed (possibly none)."""
         if self._failed is not None:

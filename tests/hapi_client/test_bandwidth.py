@@ -102,6 +102,21 @@ def test_a_slow_steady_stream_keeps_all_its_time() -> None:
     assert clock.carried() == (4 * 65_536, pytest.approx(4 * 0.105))
 
 
+def test_the_pauses_before_a_frame_are_the_senders_however_short() -> None:
+    """Frames of 32 KB (COS batches of 32 small feature vectors) a compute pause of 0.16 s
+    apart, each in four 8 KB chunks 12.5 ms apart on a 5 Mbit/s link: the pauses are the
+    median gap, so only the frames' starts tell the link's time from the server's."""
+    clock = StreamClock()
+    t = 0.0
+    for _ in range(10):
+        for piece in range(4):
+            clock.chunk(8_192, now=t, continues=piece > 0)
+            t += 0.0125
+        t += 0.16
+    nbytes, seconds = clock.carried()
+    assert nbytes == 10 * 3 * 8_192 and seconds == pytest.approx(10 * 3 * 0.0125)
+
+
 def test_a_stream_of_one_chunk_tells_nothing() -> None:
     clock = StreamClock()
     clock.chunk(100)

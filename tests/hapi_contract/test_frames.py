@@ -571,3 +571,16 @@ def test_report_throughput(capsys: pytest.CaptureFixture[str]) -> None:
             )
     with capsys.disabled():
         print("\n" + "\n".join(lines))
+
+
+def test_the_decoder_says_whether_its_input_ends_inside_a_frame() -> None:
+    frames, _ = make_stream()
+    dec = FrameDecoder()
+    assert not dec.inside_frame
+    for frame in frames:  # cut in its prefix, in its payload, before its last byte
+        dec.feed(frame[:3])
+        assert dec.inside_frame
+        dec.feed(frame[3:-1])
+        assert dec.inside_frame
+        dec.feed(frame[-1:])
+        assert not dec.inside_frame  # the next chunk begins a frame

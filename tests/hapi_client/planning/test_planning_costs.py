@@ -136,3 +136,5 @@ def test_per_object_request_work_leaves_out_the_links_share() -> None:
     assert costs.request_s_per_object(48, 4_800_000, 1.0, None) == pytest.approx(1.0 / 48)
     # Link-bound (the bytes alone take the whole time): nothing to say about the requests.
     assert costs.request_s_per_object(48, 4_800_000, 1.0, 4e6) is None
+    # Nearly so (0.54 s of 0.55 at 5 Mbit/s): what is left is within the link rate's error.
+    assert costs.request_s_per_object(3, 337_500, 0.55, 625_000) is None
